@@ -1,0 +1,85 @@
+// The C++ API: plan once, run many.
+//
+//   dsmla::Attention att(dsmla::BackendKind::cuda, options);
+//   att.plan(batch);                      // host metadata; may allocate, may sync
+//   void* ws = ...att.workspace_bytes()...;  // caller-owned (device memory for cuda)
+//   att.run(inputs, ws, stream);          // no allocation, no host sync (cuda)
+//
+// Pointers in ForwardInputs are host pointers for the CPU backend and device
+// pointers for the CUDA backend.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "dsmla/plan.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla {
+
+enum class BackendKind : int { cpu = 0, cuda = 1 };
+
+// Arithmetic of the CPU backend: float32 accumulation (fast, threaded) or
+// float64 everywhere (the reference the tests compare against).
+enum class CpuPrecision : int { float32 = 0, float64 = 1 };
+
+struct ForwardInputs {
+  const std::uint16_t* q = nullptr;        // [T, H, 192] bf16: per head [q_nope 128 | q_pe 64]
+  const std::uint16_t* kv_c = nullptr;     // [T, 512] bf16
+  const std::uint16_t* k_pe = nullptr;     // [T, 64] bf16
+  const std::uint16_t* w_kv_b = nullptr;   // [H*256, 512] bf16: per head W_UK (128 rows) then W_UV (128 rows)
+  std::uint8_t* kv_cache = nullptr;        // [num_blocks, block_size, bytes_per_token(format)]
+  const std::int32_t* block_table = nullptr;      // [R, max_blocks_per_request]
+  const std::int32_t* seq_lens = nullptr;         // [R]
+  const std::int32_t* query_start_loc = nullptr;  // [R+1]
+  const std::int64_t* slot_mapping = nullptr;     // [T]
+  const std::int32_t* topk_indices = nullptr;     // [T, topk]; may be null if no token is sparse
+  std::uint16_t* out = nullptr;            // [T, H*128] bf16
+  float* lse = nullptr;                    // [T, H] natural-log sum-exp of scaled scores; -inf if no key
+  float softmax_scale = 0;                 // > 0
+  float k_scale = 1;                       // fp8 cache only
+  float q_scale = 1;                       // fp8 cache only: absorbed query quantised as e4m3(x / q_scale)
+};
+
+class BackendImpl;  // one per backend, in src/cpu and src/cuda
+
+class Attention {
+ public:
+  Attention(BackendKind kind, const PlanOptions& options,
+            CpuPrecision cpu_precision = CpuPrecision::float32, int cpu_threads = 0);
+  ~Attention();
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
+  // Plans the batch (reusing the last plan when the description is identical).
+  const Plan& plan(const BatchDesc& batch);
+  const Plan& current_plan() const;
+  std::size_t workspace_bytes() const;
+
+  // Full forward of DESIGN §2: cache write, then both paths into their rows.
+  // Pointers must match the planned batch. No allocation, no host sync (cuda).
+  void run(const ForwardInputs& inputs, void* workspace, void* cuda_stream = nullptr);
+
+  // Same, after checking every top-k index of the sparse tokens on the host
+  // (throws Error naming token and column). CPU backend: always checked.
+  void run_checked(const ForwardInputs& inputs, const std::int32_t* host_topk_indices,
+                   void* workspace, void* cuda_stream = nullptr);
+
+  BackendKind backend() const { return kind_; }
+  const PlanOptions& options() const { return options_; }
+  const Planner& planner() const { return planner_; }
+
+ private:
+  BackendKind kind_;
+  PlanOptions options_;
+  Planner planner_;
+  std::shared_ptr<const Plan> plan_;
+  std::unique_ptr<BackendImpl> impl_;
+};
+
+// True when the library was built with CUDA and a device is visible.
+bool cuda_backend_available();
+bool cuda_backend_compiled();
+
+}  // namespace dsmla

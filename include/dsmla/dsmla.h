@@ -1,0 +1,86 @@
+/* dsmla C API: opaque handles, error codes, no exception crosses it.
+ * Every function returns DSMLA_OK (0) or a negative error code; the text of
+ * the last error on the calling thread is dsmla_last_error().
+ * Pointers follow dsmla::ForwardInputs (include/dsmla/attention.hpp): host
+ * pointers for the CPU backend, device pointers for the CUDA backend. */
+#ifndef DSMLA_H
+#define DSMLA_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  DSMLA_OK = 0,
+  DSMLA_ERR_INVALID_ARGUMENT = -1, /* bad input: the message names the value */
+  DSMLA_ERR_UNSUPPORTED = -2,      /* e.g. CUDA backend not built or no GPU */
+  DSMLA_ERR_RUNTIME = -3,          /* device or internal failure */
+} dsmla_status;
+
+typedef enum { DSMLA_BACKEND_CPU = 0, DSMLA_BACKEND_CUDA = 1 } dsmla_backend;
+typedef enum { DSMLA_CACHE_BF16 = 0, DSMLA_CACHE_FP8_DS_MLA = 1, DSMLA_CACHE_FP8 = 2 } dsmla_cache_format;
+typedef enum { DSMLA_POLICY_PER_REQUEST = 0, DSMLA_POLICY_PER_BATCH = 1, DSMLA_POLICY_FORCE_SPARSE = 2 } dsmla_policy;
+
+typedef struct dsmla_attention dsmla_attention; /* opaque */
+
+typedef struct {
+  int32_t num_heads;         /* multiple of 16 in [16, 128] */
+  int32_t cache_format;      /* dsmla_cache_format */
+  int32_t topk;              /* e.g. 2048 */
+  int32_t decode_threshold;  /* query_len <= this is a decode; 1 by default */
+  int32_t policy;            /* dsmla_policy */
+  double dense_cost_factor;  /* 1.0 by default */
+} dsmla_options;
+
+typedef struct {
+  const int32_t* query_start_loc; /* [num_requests + 1], host */
+  const int32_t* seq_lens;        /* [num_requests], host */
+  const int32_t* block_table;     /* [num_requests, max_blocks_per_request], host */
+  const int64_t* slot_mapping;    /* [num_tokens], host */
+  int32_t num_requests;
+  int32_t max_blocks_per_request;
+  int32_t num_tokens;
+  int64_t num_cache_blocks;
+  int32_t block_size;
+} dsmla_batch;
+
+typedef struct {
+  const void* q;                  /* [T, H, 192] bf16 */
+  const void* kv_c;               /* [T, 512] bf16 */
+  const void* k_pe;               /* [T, 64] bf16 */
+  const void* w_kv_b;             /* [H*256, 512] bf16 */
+  void* kv_cache;                 /* [num_blocks, block_size, bytes_per_token] uint8 */
+  const int32_t* block_table;     /* [R, max_blocks_per_request] */
+  const int32_t* seq_lens;        /* [R] */
+  const int32_t* query_start_loc; /* [R+1] */
+  const int64_t* slot_mapping;    /* [T] */
+  const int32_t* topk_indices;    /* [T, topk], may be NULL if no token is sparse */
+  void* out;                      /* [T, H*128] bf16 */
+  float* lse;                     /* [T, H] */
+  float softmax_scale;
+  float k_scale;
+  float q_scale;
+} dsmla_inputs;
+
+const char* dsmla_last_error(void);
+const char* dsmla_version(void);
+void dsmla_default_options(dsmla_options* options);
+int dsmla_cache_bytes_per_token(int32_t cache_format);
+/* 1 if the CUDA backend was compiled and a GPU is visible, else 0. */
+int dsmla_cuda_available(void);
+
+int dsmla_create(dsmla_backend backend, const dsmla_options* options, dsmla_attention** out);
+void dsmla_destroy(dsmla_attention* handle);
+/* Plans a batch (reused if identical to the last); writes the workspace size. */
+int dsmla_plan(dsmla_attention* handle, const dsmla_batch* batch, size_t* workspace_bytes);
+/* Runs the planned batch. cuda_stream is a cudaStream_t (NULL = default stream). */
+int dsmla_run(dsmla_attention* handle, const dsmla_inputs* inputs, void* workspace, void* cuda_stream);
+/* The current plan as JSON; the string lives until the next call on this handle. */
+int dsmla_plan_json(dsmla_attention* handle, const char** json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSMLA_H */

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command of the README: installs the pinned dependencies, builds,
+# and runs every test that needs no GPU, then the same CPU tests again under
+# AddressSanitizer + UBSan.  Tests labelled `gpu` also run (and report a skip)
+# when no GPU is visible; pass --cpu-only to leave them out.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+labels="cpu|gpu"; sanitize=1
+for a in "$@"; do
+  case $a in
+    --cpu-only) labels="cpu" ;;
+    --no-sanitize) sanitize=0 ;;
+    *) echo "usage: scripts/test.sh [--cpu-only] [--no-sanitize]" >&2; exit 2 ;;
+  esac
+done
+scripts/install-deps.sh
+jobs=${DSMLA_JOBS:-$(nproc)}
+
+echo "== release build and tests"
+scripts/build.sh build
+ctest --test-dir build -L "$labels" --output-on-failure -j "$jobs" --timeout 1800
+
+if [ $sanitize = 1 ]; then
+  echo "== ASan + UBSan build (host code) and CPU tests"
+  DSMLA_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-asan -DDSMLA_SANITIZE=ON -DDSMLA_ENABLE_CUDA=OFF
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    DSMLA_TEST_SCALE=small ctest --test-dir build-asan -L cpu --output-on-failure -j "$jobs" --timeout 1800
+fi
+echo "== all tests passed"
