@@ -86,13 +86,14 @@ struct Plan {
   std::int32_t max_dense_q_len = 0;
   std::int64_t padding_tokens = 0;
 
-  // Workspace for the CUDA backend (see workspace_layout in plan.cpp for the meaning).
+  // Workspace of the CUDA backend's run(), caller-provided. Index metadata that only
+  // changes with the plan (token lists, dense requests) is uploaded by the backend
+  // when it sees a new plan and is not part of this workspace.
   WorkspaceRegion ws_sparse_q;      // [n_sparse, H, 576] bf16: absorbed query [q_lat | q_pe]
   WorkspaceRegion ws_sparse_o;      // [n_sparse, H, 512] bf16: latent output
-  WorkspaceRegion ws_sparse_slots;  // [n_sparse, topk] int32: global slots
+  WorkspaceRegion ws_sparse_slots;  // [n_sparse, topk] int32 global slots, then [n_sparse] int32 valid counts
   WorkspaceRegion ws_dense_latent;  // [dense_kv_rows, 576] bf16: gathered [kv_c | k_pe]
   WorkspaceRegion ws_dense_kv;      // [dense_kv_rows, H, 256] bf16: up-projected [k_nope | v]
-  WorkspaceRegion ws_metadata;      // device copy of the index arrays above
   std::size_t workspace_bytes = 0;
 
   std::uint64_t id = 0;  // distinct for every plan a Planner computed (not for reuses)
