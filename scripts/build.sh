@@ -6,6 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}; shift || true
 jobs=${DSMLA_JOBS:-$(nproc)}
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${DSMLA_BUILD_TYPE:-Release} "$@" >"$build.configure.log" 2>&1 \
-  || { cat "$build.configure.log"; exit 1; }
+mkdir -p "$build"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${DSMLA_BUILD_TYPE:-Release} "$@" >"$build/configure.log" 2>&1 \
+  || { cat "$build/configure.log"; exit 1; }
 ninja -C "$build" -j "$jobs"

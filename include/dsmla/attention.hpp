@@ -76,6 +76,8 @@ class Attention {
   Planner planner_;
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<BackendImpl> impl_;
+  struct PlannedBatch;  // host copy of the last planned batch, for run_checked
+  std::unique_ptr<PlannedBatch> planned_batch_;
 };
 
 // True when the library was built with CUDA and a device is visible.

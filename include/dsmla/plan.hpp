@@ -70,6 +70,7 @@ struct Plan {
   int num_tokens = 0;    // T
   int num_requests = 0;  // R
   int block_size = 0;
+  int max_blocks_per_request = 0;    // row stride of block_table (backends read the table at run time)
   std::int64_t num_cache_slots = 0;  // num_cache_blocks * block_size
 
   std::vector<TokenPath> token_path;         // [T]

@@ -1,1 +1,166 @@
+// Shared helpers of the dsmla test suites (CPU and GPU): output comparison
+// with tolerances, guard bytes around outputs, poisoning, test scale, and a
+// runner for the CPU backend on a Case.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dsmla/attention.hpp"
+#include "dsmla/case.hpp"
+#include "dsmla/plan.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::test {
+
+// True when DSMLA_TEST_SCALE=small (the sanitizer CI run): big tests shrink.
+bool small_scale();
+// `normal` at full scale, `small` under DSMLA_TEST_SCALE=small.
+int scaled(int normal, int small);
+
+// |got - ref| <= atol + rtol * |ref|, element-wise.
+struct Tolerance {
+  double rtol = 0;
+  double atol = 0;
+};
+
+// DESIGN §5: bf16 cache rtol 1e-2 / atol 1e-2, fp8 caches rtol 6.5e-2 / atol 5e-2.
+Tolerance tolerance_for(CacheFormat format);
+
+// Result of compare_outputs. NaN never passes, an lse of -inf passes only
+// against -inf, and the first few failures are described with token, head and column.
+struct CompareReport {
+  std::size_t lse_values = 0, out_values = 0;
+  std::size_t nan_ref = 0, nan_got = 0;       // NaN (or lse +inf) in either side
+  std::size_t empty_mismatches = 0;           // lse -inf on one side only
+  std::size_t lse_failures = 0, out_failures = 0;
+  double max_lse_error = 0, max_out_error = 0;  // absolute, over finite pairs
+  std::vector<std::string> first_failures;      // at most kMaxDescribed
+
+  static constexpr std::size_t kMaxDescribed = 8;
+  bool ok() const;
+  std::string summary() const;
+};
+
+// Compares two forwards' outputs: out [T, H*128] bf16 bits and lse [T, H].
+// lse is compared first (a wrong softmax shows there), then every output value.
+CompareReport compare_outputs(std::span<const std::uint16_t> ref_out, std::span<const float> ref_lse,
+                              std::span<const std::uint16_t> got_out, std::span<const float> got_lse,
+                              Tolerance tolerance, int num_heads);
+
+// A bf16 NaN pattern no kernel produces by accident: poisoned outputs that are
+// never written stay NaN and fail every comparison.
+inline constexpr std::uint16_t kPoisonBf16 = 0x7fa5;
+void poison_bf16(std::span<std::uint16_t> values);
+void poison_float(std::span<float> values);  // quiet NaN
+// Rows of `values` ([rows, row_width]) that still hold kPoisonBf16 somewhere.
+std::vector<std::size_t> poisoned_rows(std::span<const std::uint16_t> values, std::size_t row_width);
+
+// A host array of n T with guard bytes on both sides. The guards hold a fixed
+// pattern; guards_intact() tells whether a run wrote outside the array. GPU
+// tests mirror raw_bytes() to a device allocation of the same size and pass
+// device_base + guard_bytes() to the kernel, then copy raw_bytes() back.
+template <class T>
+class GuardedBuffer {
+ public:
+  static constexpr std::uint8_t kGuardByte = 0xa5;
+
+  explicit GuardedBuffer(std::size_t n, std::size_t guard_bytes = 256)
+      : n_(n), guard_(round_up(guard_bytes)), storage_(2 * guard_ + n * sizeof(T) + kAlign, kGuardByte) {}
+
+  // Not copyable: a copy's storage may sit at another alignment offset.
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
+  GuardedBuffer(GuardedBuffer&&) noexcept = default;
+  GuardedBuffer& operator=(GuardedBuffer&&) noexcept = default;
+
+  T* data() { return reinterpret_cast<T*>(base() + guard_); }
+  const T* data() const { return reinterpret_cast<const T*>(base() + guard_); }
+  std::size_t size() const { return n_; }
+  std::span<T> span() { return {data(), n_}; }
+  std::span<const T> span() const { return {data(), n_}; }
+  std::vector<T> to_vector() const { return {data(), data() + n_}; }
+
+  std::size_t guard_bytes() const { return guard_; }
+  std::span<std::uint8_t> raw_bytes() { return {base(), 2 * guard_ + n_ * sizeof(T)}; }
+
+  // Guard bytes that no longer hold kGuardByte (0 = intact).
+  std::size_t damaged_guard_bytes() const {
+    std::size_t damaged = 0;
+    const std::uint8_t* b = base();
+    const std::uint8_t* tail = b + guard_ + n_ * sizeof(T);
+    for (std::size_t i = 0; i < guard_; ++i) damaged += (b[i] != kGuardByte) + (tail[i] != kGuardByte);
+    return damaged;
+  }
+  bool guards_intact() const { return damaged_guard_bytes() == 0; }
+
+ private:
+  static constexpr std::size_t kAlign = 64;
+  static std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  // data() = storage_ + offset_ + guard_ is 64-byte aligned for any T. A moved
+  // vector keeps its heap block, so offset_ stays right after a move.
+  static std::size_t align_offset(const std::uint8_t* p) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    return (kAlign - addr % kAlign) % kAlign;
+  }
+  std::uint8_t* base() { return storage_.data() + offset_; }
+  const std::uint8_t* base() const { return storage_.data() + offset_; }
+
+  std::size_t n_;
+  std::size_t guard_;
+  std::vector<std::uint8_t> storage_;
+  std::size_t offset_ = align_offset(storage_.data());
+};
+
+// Outputs of one forward, plus the cache as the run left it.
+struct ForwardResult {
+  std::vector<std::uint16_t> out;      // [T, H*128] bf16
+  std::vector<float> lse;              // [T, H]
+  std::vector<std::uint8_t> kv_cache;  // after the cache write
+  Plan plan;
+};
+
+struct CpuRunOptions {
+  CpuPrecision precision = CpuPrecision::float64;
+  int threads = 0;         // 0: hardware concurrency
+  bool checked = true;     // run_checked (validate top-k indices first) or run
+  std::optional<RoutingPolicy> policy;  // overrides the case's policy (identity tests)
+};
+
+// Runs the whole forward of `c` on the CPU backend, on a copy of its cache,
+// with poisoned outputs inside guard bytes. Records a test failure (and still
+// returns the outputs) when a guard byte was overwritten or a row stayed poisoned.
+ForwardResult run_cpu_forward(const Case& c, const CpuRunOptions& options = {});
+
+// Which (token, head) pairs check_against_naive recomputes: per request its
+// first and last token plus up to `extra_tokens_per_request` random ones, and
+// per token heads 0, H-1 plus `extra_heads` random ones. Padding rows are all
+// checked (they must be out 0, lse -inf).
+struct NaiveSample {
+  int extra_tokens_per_request = 2;
+  int extra_heads = 1;
+  std::uint64_t seed = 7;
+};
+
+struct NaiveReport {
+  std::size_t checked_heads = 0, failures = 0;
+  double max_out_error = 0, max_lse_error = 0;
+  std::vector<std::string> first_failures;
+  bool ok() const { return checked_heads > 0 && failures == 0; }
+  std::string summary() const;
+};
+
+// Recomputes sampled (token, head) pairs of a forward of `c` with the naive
+// float64 reference (src/cpu/reference.hpp), from the DESIGN formulas: a
+// sparse/decode row over its valid top-k positions (absorbed formula, keys read
+// from the cache the run left), a dense row over positions 0..pos (MHA formula,
+// the prefix from the cache, the new tokens from the fresh inputs). `got` is the
+// run's result: its plan decides each row's path, its cache provides the keys.
+NaiveReport check_against_naive(const Case& c, const ForwardResult& got, Tolerance out_tolerance,
+                                Tolerance lse_tolerance, const NaiveSample& sample = {});
+
+}  // namespace dsmla::test

@@ -1,6 +1,7 @@
 // Dense causal varlen MHA for the short-prefill path (DESIGN §2, "MHA" path):
 // q/k head dim 192 (= 128 nope + 64 rope), v head dim 128, cached prefix with
-// a bottom-right aligned causal mask. Included by .cu files only.
+// a bottom-right aligned causal mask. Included by .cu files and by GPU tests
+// (plain C++ with the CUDA include path).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -12,6 +13,11 @@
 #include "dsmla/plan.hpp"
 
 namespace dsmla::cuda {
+
+// Query rows per work item (one thread block per work item and head).
+inline constexpr int kDenseMhaQueryTile = 128;
+// Key rows per pipeline stage inside the kernel.
+inline constexpr int kDenseMhaKeyTile = 64;
 
 // One request as the kernel sees it (uploaded by the backend at plan time).
 struct DenseMhaRequest {
@@ -41,10 +47,17 @@ struct DenseMhaParams {
   float* lse = nullptr;                   // [T, H]
 };
 
+// One DenseMhaRequest per DenseRequest, same order. Throws Error naming the
+// request and value on negative lengths / offsets or seq_len != ctx_len + q_len.
 std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseRequest> requests);
-// Work items for the kernel's query tile size, longest requests first.
+// Work items of kDenseMhaQueryTile query rows, the ones with the most key
+// tiles first (a longest-processing-time order keeps the tail of the grid short).
+// Requests with q_len 0 get no item. `request` indexes the given span.
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests);
 
+// Rows of out / lse that belong to no work item are not touched. All pointers
+// must be 16-byte aligned (checked). Asynchronous on `stream`; throws Error on
+// bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);
 
 }  // namespace dsmla::cuda

@@ -1,0 +1,245 @@
+// Standalone timing + spot-check harness for the dense MHA kernel
+// (src/cuda/dense_mha). Build on the GPU machine:
+//
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
+//        bench/dense_mha_kernel_bench.cu src/cuda/dense_mha/*.cu -o /tmp/dense_mha_bench
+//   /tmp/dense_mha_bench [results.txt]
+//
+// Shapes: T = 16384 query tokens in causal sequences of S (ctx 0), S in
+// {512, 1024, 2048}, H in {128, 16}, plus a cached-prefix case (8 x 1024 new
+// tokens over 3072 cached, H 128). Inputs are several times the L2 and come
+// from a hash, so the CPU reference recomputes any element without copying the
+// tensors back; the values are k/64 or k/128 with |k| <= 128, exact in bf16.
+// Each case: spot-check some (row, head) pairs against a double-precision
+// reference (output and lse), then the median of 30 CUDA-event timings after 5
+// warm-up launches. FLOPs = 2 * causal pairs (diagonal included) * H * (192 + 128).
+// With an argument, appends "S H ms" lines for bench/dense_mha_sdpa_baseline.py.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cuda/dense_mha/dense_mha.hpp"
+#include "dsmla/types.hpp"
+
+namespace {
+
+using dsmla::cuda::DenseMhaParams;
+using dsmla::cuda::DenseMhaRequest;
+using dsmla::cuda::DenseMhaWorkItem;
+
+#define CHECK_CUDA(x)                                                                    \
+  do {                                                                                   \
+    cudaError_t err_ = (x);                                                              \
+    if (err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+enum Tensor : std::uint32_t { kQ = 1, kKvUp = 2, kLatent = 3 };
+
+// Deterministic value of element `index` of tensor `tensor`: a multiple of
+// 1/64 (q, in [-2, 2]) or 1/128 (k, v, in [-1, 1]), so bf16 holds it exactly.
+__host__ __device__ inline float synth(std::uint32_t tensor, std::uint64_t index) {
+  std::uint64_t x = index * 0x9E3779B97F4A7C15ull + tensor * 0xD1B54A32D192ED03ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  const int k = static_cast<int>(x % 257) - 128;
+  return tensor == kQ ? k / 64.f : k / 128.f;
+}
+
+__global__ void fill_kernel(__nv_bfloat16* dst, std::uint64_t n, std::uint32_t tensor) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::uint64_t(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16(synth(tensor, i));
+}
+
+struct Case {
+  const char* name;
+  int seq;  // S for the plain cases, 0 for the custom one
+  int heads;
+  std::vector<dsmla::DenseRequest> requests;
+};
+
+Case uniform_case(int seq, int heads, int tokens) {
+  Case c{"causal", seq, heads, {}};
+  for (int b = 0; b < tokens / seq; ++b)
+    c.requests.push_back(dsmla::DenseRequest{b, b * seq, seq, 0, seq, std::int64_t(b) * seq});
+  return c;
+}
+
+Case prefix_case() {
+  Case c{"prefix8x1024+3072", 0, 128, {}};
+  for (int b = 0; b < 8; ++b)
+    c.requests.push_back(dsmla::DenseRequest{b, b * 1024, 1024, 3072, 4096, std::int64_t(b) * 4096});
+  return c;
+}
+
+// Double-precision reference of one (row, head): fills out[128], returns lse.
+double reference(const dsmla::DenseRequest& r, int i, int h, int H, double scale, double* out) {
+  const int n_keys = r.ctx_len + i + 1;
+  std::vector<double> s(n_keys);
+  const std::uint64_t q_base = (std::uint64_t(r.q_start) + i) * H * 192 + std::uint64_t(h) * 192;
+  double mx = -INFINITY;
+  for (int k = 0; k < n_keys; ++k) {
+    const std::uint64_t row = r.kv_row_start + k;
+    double dot = 0;
+    for (int d = 0; d < 128; ++d) dot += synth(kQ, q_base + d) * synth(kKvUp, row * H * 256 + h * 256 + d);
+    for (int d = 0; d < 64; ++d) dot += synth(kQ, q_base + 128 + d) * synth(kLatent, row * 576 + 512 + d);
+    s[k] = dot * scale;
+    mx = std::max(mx, s[k]);
+  }
+  double sum = 0;
+  for (int d = 0; d < 128; ++d) out[d] = 0;
+  for (int k = 0; k < n_keys; ++k) {
+    const double w = std::exp(s[k] - mx);
+    sum += w;
+    const std::uint64_t row = r.kv_row_start + k;
+    for (int d = 0; d < 128; ++d) out[d] += w * synth(kKvUp, row * H * 256 + h * 256 + 128 + d);
+  }
+  for (int d = 0; d < 128; ++d) out[d] /= sum;
+  return mx + std::log(sum);
+}
+
+float bf16_bits_to_float(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int tokens = 16384;
+  std::vector<Case> cases;
+  for (int heads : {128, 16})
+    for (int seq : {512, 1024, 2048}) cases.push_back(uniform_case(seq, heads, tokens));
+  cases.push_back(prefix_case());
+
+  std::FILE* results = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
+  // DeepSeek-V3.2's scale, 192^-0.5 * mscale^2 (DESIGN §1); types.cpp is not linked here.
+  const double mscale = 0.1 * std::log(40.0) + 1.0;
+  const float scale = static_cast<float>(mscale * mscale / std::sqrt(192.0));
+  int failures = 0;
+  std::printf("%-18s %5s %4s %9s %9s %11s %11s\n", "case", "S", "H", "ms", "TFLOP/s", "max|dout|", "max|dlse|");
+
+  for (const Case& c : cases) {
+    const int H = c.heads;
+    std::int64_t T = 0, kv_rows = 0;
+    double pairs = 0;
+    for (const auto& r : c.requests) {
+      T = std::max<std::int64_t>(T, r.q_start + r.q_len);
+      kv_rows = std::max<std::int64_t>(kv_rows, r.kv_row_start + r.seq_len);
+      pairs += double(r.q_len) * r.ctx_len + double(r.q_len) * (r.q_len + 1) / 2;
+    }
+    const auto dreq = dsmla::cuda::make_dense_mha_requests(c.requests);
+    const auto work = dsmla::cuda::make_dense_mha_schedule(c.requests);
+
+    __nv_bfloat16 *q, *kv_up, *latent, *out;
+    float* lse;
+    DenseMhaRequest* d_req;
+    DenseMhaWorkItem* d_work;
+    const std::uint64_t nq = std::uint64_t(T) * H * 192, nkv = std::uint64_t(kv_rows) * H * 256,
+                        nlat = std::uint64_t(kv_rows) * 576;
+    CHECK_CUDA(cudaMalloc(&q, nq * 2));
+    CHECK_CUDA(cudaMalloc(&kv_up, nkv * 2));
+    CHECK_CUDA(cudaMalloc(&latent, nlat * 2));
+    CHECK_CUDA(cudaMalloc(&out, std::uint64_t(T) * H * 128 * 2));
+    CHECK_CUDA(cudaMalloc(&lse, std::uint64_t(T) * H * 4));
+    CHECK_CUDA(cudaMalloc(&d_req, dreq.size() * sizeof(DenseMhaRequest)));
+    CHECK_CUDA(cudaMalloc(&d_work, work.size() * sizeof(DenseMhaWorkItem)));
+    CHECK_CUDA(cudaMemcpy(d_req, dreq.data(), dreq.size() * sizeof(DenseMhaRequest), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_work, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
+    fill_kernel<<<2048, 256>>>(q, nq, kQ);
+    fill_kernel<<<2048, 256>>>(kv_up, nkv, kKvUp);
+    fill_kernel<<<2048, 256>>>(latent, nlat, kLatent);
+    CHECK_CUDA(cudaMemset(out, 0xFF, std::uint64_t(T) * H * 128 * 2));  // NaN poison
+    CHECK_CUDA(cudaMemset(lse, 0xFF, std::uint64_t(T) * H * 4));
+
+    DenseMhaParams p;
+    p.q = q;
+    p.kv_up = kv_up;
+    p.latent = latent;
+    p.requests = d_req;
+    p.work = d_work;
+    p.num_work_items = static_cast<int>(work.size());
+    p.num_heads = H;
+    p.softmax_scale = scale;
+    p.out = out;
+    p.lse = lse;
+    dsmla::cuda::launch_dense_mha(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+
+    // Spot checks: first / last / a middle row of the first, a middle and the last request.
+    double max_dout = 0, max_dlse = 0;
+    bool bad = false;
+    const int nr = static_cast<int>(c.requests.size());
+    for (int ri : {0, nr / 2, nr - 1}) {
+      const auto& r = c.requests[ri];
+      for (int i : {0, r.q_len / 2 + 3, r.q_len - 1}) {
+        if (i < 0 || i >= r.q_len) continue;
+        for (int h : {0, H / 2 + 1, H - 1}) {
+          double ref[128];
+          const double ref_lse = reference(r, i, h, H, scale, ref);
+          std::uint16_t got[128];
+          float got_lse;
+          const std::uint64_t row = std::uint64_t(r.q_start) + i;
+          CHECK_CUDA(cudaMemcpy(got, out + row * H * 128 + h * 128, sizeof(got), cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(&got_lse, lse + row * H + h, 4, cudaMemcpyDeviceToHost));
+          for (int d = 0; d < 128; ++d) {
+            const double g = bf16_bits_to_float(got[d]);
+            const double err = std::fabs(g - ref[d]);
+            if (!(err <= 1e-2 + 1e-2 * std::fabs(ref[d]))) bad = true;
+            max_dout = std::max(max_dout, std::isnan(err) ? INFINITY : err);
+          }
+          const double dl = std::fabs(got_lse - ref_lse);
+          if (!(dl <= 1e-3 + 1e-5 * std::fabs(ref_lse))) bad = true;
+          max_dlse = std::max(max_dlse, std::isnan(dl) ? INFINITY : dl);
+        }
+      }
+    }
+    failures += bad;
+
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    for (int w = 0; w < 5; ++w) dsmla::cuda::launch_dense_mha(p, nullptr);
+    std::vector<float> ms;
+    for (int it = 0; it < 30; ++it) {
+      CHECK_CUDA(cudaEventRecord(e0));
+      dsmla::cuda::launch_dense_mha(p, nullptr);
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float t;
+      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double tflops = 2.0 * pairs * H * 320 / (med * 1e-3) / 1e12;
+    std::printf("%-18s %5d %4d %9.3f %9.1f %11.2e %11.2e %s\n", c.name, c.seq, H, med, tflops, max_dout, max_dlse,
+                bad ? "MISMATCH" : "ok");
+    if (results && c.seq > 0) std::fprintf(results, "%d %d %.4f\n", c.seq, H, med);
+
+    CHECK_CUDA(cudaEventDestroy(e0));
+    CHECK_CUDA(cudaEventDestroy(e1));
+    CHECK_CUDA(cudaFree(q));
+    CHECK_CUDA(cudaFree(kv_up));
+    CHECK_CUDA(cudaFree(latent));
+    CHECK_CUDA(cudaFree(out));
+    CHECK_CUDA(cudaFree(lse));
+    CHECK_CUDA(cudaFree(d_req));
+    CHECK_CUDA(cudaFree(d_work));
+  }
+  if (results) std::fclose(results);
+  std::printf("dense_mha bench: %s\n", failures ? "SPOT-CHECK FAILURES" : "all spot checks ok");
+  return failures ? 1 : 0;
+}

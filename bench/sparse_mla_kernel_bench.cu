@@ -1,0 +1,343 @@
+// Standalone timing + spot-check harness for the sparse MLA kernel
+// (src/cuda/sparse_mla). Build on (or for) the GPU machine:
+//
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
+//        bench/sparse_mla_kernel_bench.cu src/cuda/sparse_mla/*.cu src/format/*.cpp -o /tmp/sparse_mla_bench
+//   /tmp/sparse_mla_bench [--quick]
+//
+// Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S = 1024,
+// token at position p attends to min(p + 1, topk) positions of its sequence
+// (valid entries first, in random order), topk 2048; decode = one token per
+// request over an 8192-token context, 2048 random valid positions each.
+// Inputs come from a hash on the device (cache bytes are random values of the
+// format: e4m3 codes without NaN, positive tile scales). Each case: the outputs
+// of a few tokens (all heads) are checked against a double-precision CPU
+// reference (dequantised with src/format), then the median of 20 CUDA-event
+// timings after 3 warm-ups. FLOPs = 2 * valid indices * H * (576 + 512).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/sparse_mla/sparse_mla.hpp"
+#include "dsmla/format.hpp"
+#include "dsmla/types.hpp"
+
+namespace {
+
+using dsmla::CacheFormat;
+using dsmla::cuda::SparseMlaParams;
+
+#define CHECK_CUDA(x)                                                                             \
+  do {                                                                                            \
+    cudaError_t err_ = (x);                                                                       \
+    if (err_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+__host__ __device__ inline std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 32;
+  return x;
+}
+
+// Uniform in [-amp, amp] as bf16 bits.
+__device__ inline std::uint16_t rand_bf16(std::uint64_t h, float amp) {
+  const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f) * 2.f - 1.f;
+  return __bfloat16_as_ushort(__float2bfloat16(u * amp));
+}
+
+__global__ void fill_bf16_kernel(std::uint16_t* dst, std::uint64_t n, std::uint64_t seed, float amp) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::uint64_t(gridDim.x) * blockDim.x)
+    dst[i] = rand_bf16(mix(i * 0x9E3779B97F4A7C15ull + seed), amp);
+}
+
+// One random cache token per thread-loop step, in the byte layout of the format.
+__global__ void fill_cache_kernel(std::uint8_t* cache, std::int64_t num_slots, int format, std::uint64_t seed) {
+  const int bpt = format == 0 ? 1152 : format == 1 ? 656 : 576;
+  const std::uint64_t n = static_cast<std::uint64_t>(num_slots) * bpt;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t slot = i / bpt;
+    const int b = static_cast<int>(i - slot * bpt);
+    const std::uint64_t h = mix(i * 0x9E3779B97F4A7C15ull + seed);
+    if (format == 0) {  // bf16: write whole elements from their even byte
+      if (b % 2 == 0) *reinterpret_cast<std::uint16_t*>(cache + i) = rand_bf16(h, 1.f);
+    } else if (format == 1 && b >= 512 && b < 528) {  // fp8_ds_mla tile scales
+      if ((b - 512) % 4 == 0) {
+        const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f);
+        *reinterpret_cast<float*>(cache + i) = (0.5f + u) / 448.f;
+      }
+    } else if (format == 1 && b >= 528) {  // fp8_ds_mla k_pe bf16
+      if (b % 2 == 0) *reinterpret_cast<std::uint16_t*>(cache + i) = rand_bf16(h, 1.f);
+    } else {  // e4m3 code, never NaN (0x7f / 0xff)
+      std::uint8_t code = static_cast<std::uint8_t>(h >> 56);
+      if ((code & 0x7f) == 0x7f) code ^= 1;
+      cache[i] = code;
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  CacheFormat format = CacheFormat::bf16;
+  int num_heads = 128;
+  int topk = 2048;
+  int num_tokens = 0;
+  std::int64_t num_slots = 0;
+  float k_scale = 1.f, q_scale = 1.f;
+  std::vector<std::int32_t> slots;   // [n, topk]
+  std::vector<std::int32_t> counts;  // [n]
+  double anchor_us = 0;              // FlashMLA on the same work (ANCHORS.md), 0 = none
+};
+
+int format_index(CacheFormat f) { return f == CacheFormat::bf16 ? 0 : f == CacheFormat::fp8_ds_mla ? 1 : 2; }
+
+Case prefill_case(CacheFormat format, int heads, int tokens, int seq, int topk, double anchor_us) {
+  Case c;
+  c.format = format;
+  c.num_heads = heads;
+  c.topk = topk;
+  c.num_tokens = tokens;
+  c.num_slots = tokens;  // each sequence's tokens sit in its own slots
+  c.k_scale = format == CacheFormat::fp8 ? 1.f / 448.f : 1.f;
+  c.anchor_us = anchor_us;
+  c.name = "prefill " + std::string(dsmla::to_string(format)) + " H" + std::to_string(heads) + " S" +
+           std::to_string(seq) + " T" + std::to_string(tokens);
+  c.slots.assign(static_cast<std::size_t>(tokens) * topk, -1);
+  c.counts.resize(tokens);
+  std::mt19937 rng(1234);
+  for (int t = 0; t < tokens; ++t) {
+    const int start = t / seq * seq, pos = t % seq;
+    const int n = std::min(pos + 1, topk);
+    std::int32_t* row = c.slots.data() + static_cast<std::size_t>(t) * topk;
+    // The last n positions up to pos (all of them when pos < topk), in random order.
+    for (int j = 0; j < n; ++j) row[j] = start + pos - j;
+    std::shuffle(row, row + n, rng);
+    c.counts[t] = n;
+  }
+  return c;
+}
+
+Case decode_case(CacheFormat format, int heads, int batch, int context, int topk, double anchor_us) {
+  Case c;
+  c.format = format;
+  c.num_heads = heads;
+  c.topk = topk;
+  c.num_tokens = batch;
+  c.num_slots = static_cast<std::int64_t>(batch) * context;
+  c.k_scale = format == CacheFormat::fp8 ? 1.f / 448.f : 1.f;
+  c.anchor_us = anchor_us;
+  c.name = "decode " + std::string(dsmla::to_string(format)) + " H" + std::to_string(heads) + " B" +
+           std::to_string(batch);
+  c.slots.resize(static_cast<std::size_t>(batch) * topk);
+  c.counts.assign(batch, topk);
+  std::mt19937 rng(99);
+  std::vector<std::int32_t> perm(context);
+  for (int b = 0; b < batch; ++b) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < topk; ++j) c.slots[static_cast<std::size_t>(b) * topk + j] = b * context + perm[j];
+  }
+  return c;
+}
+
+template <class T>
+T* device_alloc(std::size_t n) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+// Returns false when a checked token disagrees with the reference.
+bool check_tokens(const Case& c, const std::vector<int>& tokens, const std::uint16_t* d_q,
+                  const std::uint8_t* d_cache, const std::uint16_t* d_o, const float* d_lse, float softmax_scale) {
+  const int H = c.num_heads, bpt = dsmla::bytes_per_token(c.format);
+  std::vector<std::uint8_t> token_bytes(bpt);
+  std::vector<float> key(dsmla::kLatentKeyDim);
+  double worst_lse = 0, worst_rel = 0;
+  bool ok = true;
+  for (int t : tokens) {
+    std::vector<std::uint16_t> q(static_cast<std::size_t>(H) * 576), o(static_cast<std::size_t>(H) * 512);
+    std::vector<float> lse(H);
+    CHECK_CUDA(cudaMemcpy(q.data(), d_q + static_cast<std::size_t>(t) * H * 576, q.size() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(o.data(), d_o + static_cast<std::size_t>(t) * H * 512, o.size() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(lse.data(), d_lse + static_cast<std::size_t>(t) * H, H * 4, cudaMemcpyDeviceToHost));
+    const int n = c.counts[t];
+    std::vector<float> keys(static_cast<std::size_t>(n) * 576);
+    for (int j = 0; j < n; ++j) {
+      const std::int32_t s = c.slots[static_cast<std::size_t>(t) * c.topk + j];
+      CHECK_CUDA(cudaMemcpy(token_bytes.data(), d_cache + static_cast<std::size_t>(s) * bpt, bpt, cudaMemcpyDeviceToHost));
+      dsmla::read_cache_token(c.format, token_bytes, keys.data() + static_cast<std::size_t>(j) * 576, c.k_scale);
+    }
+    for (int h = 0; h < H; ++h) {
+      std::vector<double> qd(576), sc(n), acc(512, 0.0);
+      for (int d = 0; d < 576; ++d) {
+        float v = dsmla::bf16_to_float(q[static_cast<std::size_t>(h) * 576 + d]);
+        if (c.format == CacheFormat::fp8) v = dsmla::e4m3_to_float(dsmla::float_to_e4m3(v / c.q_scale)) * c.q_scale;
+        qd[d] = v;
+      }
+      double mx = -INFINITY;
+      for (int j = 0; j < n; ++j) {
+        double dot = 0;
+        for (int d = 0; d < 576; ++d) dot += qd[d] * keys[static_cast<std::size_t>(j) * 576 + d];
+        sc[j] = softmax_scale * dot;
+        mx = std::max(mx, sc[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j < n; ++j) {
+        const double w = std::exp(sc[j] - mx);
+        sum += w;
+        for (int d = 0; d < 512; ++d) acc[d] += w * keys[static_cast<std::size_t>(j) * 576 + d];
+      }
+      const double ref_lse = mx + std::log(sum);
+      double e2 = 0, r2 = 0;
+      for (int d = 0; d < 512; ++d) {
+        const double r = acc[d] / sum, g = dsmla::bf16_to_float(o[static_cast<std::size_t>(h) * 512 + d]);
+        e2 += (g - r) * (g - r);
+        r2 += r * r;
+      }
+      const double rel = std::sqrt(e2 / std::max(r2, 1e-30));
+      const double lse_err = std::abs(lse[h] - ref_lse);
+      worst_lse = std::max(worst_lse, lse_err);
+      worst_rel = std::max(worst_rel, rel);
+      if (!(lse_err <= 2e-3 + 1e-4 * std::abs(ref_lse)) || !(rel <= 1e-2)) {
+        if (ok) std::printf("  MISMATCH token %d head %d: lse %.6f vs %.6f, rel L2 %.3g\n", t, h, lse[h], ref_lse, rel);
+        ok = false;
+      }
+    }
+  }
+  std::printf("  check %zu tokens x %d heads: max |lse err| %.2e, max rel L2 err of o %.2e -> %s\n", tokens.size(),
+              H, worst_lse, worst_rel, ok ? "ok" : "FAILED");
+  return ok;
+}
+
+struct Result {
+  std::string name;
+  double us = 0, tflops = 0, anchor_us = 0;
+  bool ok = false;
+};
+
+Result run_case(const Case& c, int warmup, int reps) {
+  const int H = c.num_heads;
+  const std::size_t n = static_cast<std::size_t>(c.num_tokens);
+  const int bpt = dsmla::bytes_per_token(c.format);
+  auto* d_q = device_alloc<std::uint16_t>(n * H * 576);
+  auto* d_o = device_alloc<std::uint16_t>(n * H * 512);
+  auto* d_lse = device_alloc<float>(n * H);
+  auto* d_cache = device_alloc<std::uint8_t>(static_cast<std::size_t>(c.num_slots) * bpt);
+  auto* d_slots = device_alloc<std::int32_t>(c.slots.size());
+  auto* d_counts = device_alloc<std::int32_t>(n);
+  fill_bf16_kernel<<<4096, 256>>>(d_q, n * H * 576, 0x1234, 1.5f);
+  fill_cache_kernel<<<4096, 256>>>(d_cache, c.num_slots, format_index(c.format), 0x5678);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaMemcpy(d_slots, c.slots.data(), c.slots.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_counts, c.counts.data(), n * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(d_o, 0xFF, n * H * 512 * 2));
+  CHECK_CUDA(cudaMemset(d_lse, 0xFF, n * H * 4));
+  const std::size_t ws_bytes = dsmla::cuda::sparse_mla_workspace_bytes(c.num_tokens, H, c.topk);
+  void* d_ws = ws_bytes > 0 ? device_alloc<std::uint8_t>(ws_bytes) : nullptr;
+
+  SparseMlaParams p;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(d_q);
+  p.kv_cache = d_cache;
+  p.num_slots = c.num_slots;
+  p.format = c.format;
+  p.k_scale = c.k_scale;
+  p.q_scale = c.q_scale;
+  p.slots = d_slots;
+  p.valid_counts = d_counts;
+  p.num_tokens = c.num_tokens;
+  p.num_heads = H;
+  p.topk = c.topk;
+  p.softmax_scale = static_cast<float>(dsmla::default_softmax_scale());
+  p.o_lat = reinterpret_cast<__nv_bfloat16*>(d_o);
+  p.lse = d_lse;
+  p.workspace = d_ws;
+
+  std::printf("%s (workspace %zu B)\n", c.name.c_str(), ws_bytes);
+  dsmla::cuda::launch_sparse_mla(p, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<int> tokens = {0, 1, c.num_tokens - 1};
+  for (int t : {63, 64, 700, 1023, 1500, 5000}) if (t < c.num_tokens) tokens.push_back(t);
+  std::sort(tokens.begin(), tokens.end());
+  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  Result r;
+  r.name = c.name;
+  r.anchor_us = c.anchor_us;
+  r.ok = check_tokens(c, tokens, d_q, d_cache, d_o, d_lse, p.softmax_scale);
+
+  for (int i = 0; i < warmup; ++i) dsmla::cuda::launch_sparse_mla(p, nullptr);
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    dsmla::cuda::launch_sparse_mla(p, nullptr);
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+  }
+  CHECK_CUDA(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  r.us = ms[reps / 2] * 1e3;
+  double valid = 0;
+  for (int cnt : c.counts) valid += cnt;
+  r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
+  std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3, ms.back() * 1e3,
+              r.tflops);
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  for (void* ptr : {static_cast<void*>(d_q), static_cast<void*>(d_o), static_cast<void*>(d_lse),
+                    static_cast<void*>(d_cache), static_cast<void*>(d_slots), static_cast<void*>(d_counts), d_ws})
+    if (ptr) CHECK_CUDA(cudaFree(ptr));
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::vector<Case> cases;
+  cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
+  cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 64, 8192, 2048, 121.2));
+  if (!quick) {
+    cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 1024, 2048, 2460));
+    cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 128, 16384, 1024, 2048, 0));
+    cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 4096, 2048, 12620));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 16, 8192, 2048, 65.4));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 128, 8192, 2048, 212.6));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, 64, 8192, 2048, 100.4));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 1, 8192, 2048, 47.5));
+    cases.push_back(decode_case(CacheFormat::bf16, 128, 64, 8192, 2048, 0));
+    cases.push_back(decode_case(CacheFormat::fp8, 128, 64, 8192, 2048, 0));
+  }
+  std::vector<Result> results;
+  for (const Case& c : cases) results.push_back(run_case(c, 3, 20));
+  std::printf("\n| case | us | TFLOP/s | FlashMLA us | check |\n|---|---|---|---|---|\n");
+  bool all_ok = true;
+  for (const Result& r : results) {
+    std::printf("| %s | %.1f | %.1f | %s | %s |\n", r.name.c_str(), r.us, r.tflops,
+                r.anchor_us > 0 ? std::to_string(r.anchor_us).substr(0, 7).c_str() : "-", r.ok ? "ok" : "FAILED");
+    all_ok = all_ok && r.ok;
+  }
+  return all_ok ? 0 : 1;
+}

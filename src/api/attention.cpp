@@ -1,0 +1,97 @@
+// dsmla::Attention: the planner plus one backend (DESIGN §3 plan/run split).
+#include "dsmla/attention.hpp"
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "api/backend_impl.hpp"
+
+namespace dsmla {
+
+namespace {
+
+std::unique_ptr<BackendImpl> make_backend(BackendKind kind, const PlanOptions& options,
+                                          CpuPrecision cpu_precision, int cpu_threads) {
+  switch (kind) {
+    case BackendKind::cpu: return make_cpu_backend(cpu_precision, cpu_threads);
+    case BackendKind::cuda: return make_cuda_backend(options);
+  }
+  throw Error("unknown backend kind " + std::to_string(static_cast<int>(kind)));
+}
+
+}  // namespace
+
+// Host copy of the planned batch's metadata: run_checked validates top-k indices
+// against it, since the caller's spans need not outlive plan() (and the run's
+// pointers are device pointers on the CUDA backend).
+struct Attention::PlannedBatch {
+  std::vector<std::int32_t> query_start_loc, seq_lens, block_table;
+  std::vector<std::int64_t> slot_mapping;
+  BatchDesc desc;
+
+  explicit PlannedBatch(const BatchDesc& b)
+      : query_start_loc(b.query_start_loc.begin(), b.query_start_loc.end()),
+        seq_lens(b.seq_lens.begin(), b.seq_lens.end()),
+        block_table(b.block_table.begin(), b.block_table.end()),
+        slot_mapping(b.slot_mapping.begin(), b.slot_mapping.end()),
+        desc(b) {
+    desc.query_start_loc = query_start_loc;
+    desc.seq_lens = seq_lens;
+    desc.block_table = block_table;
+    desc.slot_mapping = slot_mapping;
+  }
+};
+
+Attention::Attention(BackendKind kind, const PlanOptions& options, CpuPrecision cpu_precision,
+                     int cpu_threads)
+    : kind_(kind), options_(options), impl_(make_backend(kind, options, cpu_precision, cpu_threads)) {}
+
+Attention::~Attention() = default;
+
+const Plan& Attention::plan(const BatchDesc& batch) {
+  std::shared_ptr<const Plan> fresh = planner_.plan(batch, options_);
+  if (fresh->max_blocks_per_request != batch.max_blocks_per_request) {
+    // TEMPORARY until make_plan records Plan::max_blocks_per_request itself.
+    auto patched = std::make_shared<Plan>(*fresh);
+    patched->max_blocks_per_request = batch.max_blocks_per_request;
+    fresh = std::move(patched);
+  }
+  if (fresh != plan_) {
+    impl_->on_plan(*fresh);
+    plan_ = std::move(fresh);
+  }
+  planned_batch_ = std::make_unique<PlannedBatch>(batch);
+  return *plan_;
+}
+
+const Plan& Attention::current_plan() const {
+  if (!plan_) throw Error("Attention: no plan yet (call plan(batch) before run)");
+  return *plan_;
+}
+
+std::size_t Attention::workspace_bytes() const { return impl_->workspace_bytes(current_plan()); }
+
+void Attention::run(const ForwardInputs& inputs, void* workspace, void* cuda_stream) {
+  const Plan& p = current_plan();
+  const std::size_t needed = impl_->workspace_bytes(p);
+  if (needed > 0 && workspace == nullptr)
+    throw Error("Attention::run: workspace is null, the plan needs " + std::to_string(needed) + " bytes");
+  impl_->run(p, inputs, workspace, cuda_stream);
+}
+
+void Attention::run_checked(const ForwardInputs& inputs, const std::int32_t* host_topk_indices,
+                            void* workspace, void* cuda_stream) {
+  const Plan& p = current_plan();
+  if (!p.sparse_tokens.empty()) {
+    if (host_topk_indices == nullptr)
+      throw Error("Attention::run_checked: host_topk_indices is null but " +
+                  std::to_string(p.sparse_tokens.size()) + " tokens take the sparse path");
+    const std::size_t n = static_cast<std::size_t>(p.num_tokens) * static_cast<std::size_t>(p.options.topk);
+    validate_topk_indices(p, planned_batch_->desc, std::span<const std::int32_t>(host_topk_indices, n));
+  }
+  run(inputs, workspace, cuda_stream);
+}
+
+}  // namespace dsmla

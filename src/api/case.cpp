@@ -1,0 +1,535 @@
+// dsmla::Case: the inputs of one forward in host memory, synthetic cases for
+// tests / demo / benchmarks, and the safetensors case files of
+// docs/case-format.md.
+#include "dsmla/case.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string_view>
+#include <system_error>
+
+#include "dsmla/format.hpp"
+#include "dsmla/safetensors.hpp"
+
+namespace dsmla {
+
+namespace {
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+void check_size(const char* name, std::size_t have, std::int64_t want, const std::string& shape) {
+  if (static_cast<std::int64_t>(have) != want)
+    throw Error("case tensor '" + std::string(name) + "' has " + str(static_cast<std::int64_t>(have)) +
+                " elements, expected " + str(want) + " (" + shape + ")");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Case
+
+BatchDesc Case::batch() const {
+  BatchDesc b;
+  b.query_start_loc = query_start_loc;
+  b.seq_lens = seq_lens;
+  b.block_table = block_table;
+  b.max_blocks_per_request = max_blocks_per_request;
+  b.slot_mapping = slot_mapping;
+  b.num_tokens = num_tokens;
+  b.num_cache_blocks = num_cache_blocks;
+  b.block_size = block_size;
+  return b;
+}
+
+PlanOptions Case::plan_options() const {
+  PlanOptions o;
+  o.num_heads = num_heads;
+  o.cache_format = cache_format;
+  o.topk = topk;
+  o.decode_threshold = decode_threshold;
+  o.policy = policy;
+  return o;
+}
+
+ForwardInputs Case::inputs(std::uint16_t* out, float* lse) {
+  ForwardInputs in;
+  in.q = q.data();
+  in.kv_c = kv_c.data();
+  in.k_pe = k_pe.data();
+  in.w_kv_b = w_kv_b.data();
+  in.kv_cache = kv_cache.data();
+  in.block_table = block_table.data();
+  in.seq_lens = seq_lens.data();
+  in.query_start_loc = query_start_loc.data();
+  in.slot_mapping = slot_mapping.data();
+  in.topk_indices = topk_indices.empty() ? nullptr : topk_indices.data();
+  in.out = out;
+  in.lse = lse;
+  in.softmax_scale = softmax_scale;
+  in.k_scale = k_scale;
+  in.q_scale = q_scale;
+  return in;
+}
+
+void Case::check_shapes() const {
+  if (num_heads <= 0) throw Error("case num_heads must be positive, got " + str(num_heads));
+  if (block_size <= 0) throw Error("case block_size must be positive, got " + str(block_size));
+  if (topk <= 0) throw Error("case topk must be positive, got " + str(topk));
+  if (num_tokens < 0 || num_requests < 0 || max_blocks_per_request < 0 || num_cache_blocks < 0)
+    throw Error("case extents must be non-negative (T " + str(num_tokens) + ", R " + str(num_requests) +
+                ", max_blocks " + str(max_blocks_per_request) + ", blocks " + str(num_cache_blocks) + ")");
+  const std::int64_t T = num_tokens, H = num_heads, R = num_requests;
+  const std::string t = str(T), h = str(H), r = str(R);
+  check_size("q", q.size(), T * H * kQkHeadDim, "[" + t + ", " + h + ", 192]");
+  check_size("kv_c", kv_c.size(), T * kLatentDim, "[" + t + ", 512]");
+  check_size("k_pe", k_pe.size(), T * kRopeDim, "[" + t + ", 64]");
+  check_size("w_kv_b", w_kv_b.size(), H * kKvBRowsPerHead * kLatentDim, "[" + str(H * 256) + ", 512]");
+  const int bpt = bytes_per_token(cache_format);
+  check_size("kv_cache", kv_cache.size(), num_cache_blocks * block_size * bpt,
+             "[" + str(num_cache_blocks) + ", " + str(block_size) + ", " + str(bpt) + "]");
+  check_size("block_table", block_table.size(), R * max_blocks_per_request,
+             "[" + r + ", " + str(max_blocks_per_request) + "]");
+  check_size("seq_lens", seq_lens.size(), R, "[" + r + "]");
+  check_size("query_start_loc", query_start_loc.size(), R + 1, "[" + str(R + 1) + "]");
+  check_size("slot_mapping", slot_mapping.size(), T, "[" + t + "]");
+  if (!topk_indices.empty())
+    check_size("topk_indices", topk_indices.size(), T * topk, "[" + t + ", " + str(topk) + "]");
+}
+
+// ---------------------------------------------------------------- synthetic cases
+
+namespace {
+
+class CaseRng {
+ public:
+  explicit CaseRng(std::uint64_t seed) : gen_(seed) {}
+
+  // N(0, stddev) rounded to bf16, never exactly zero (a zero would hide
+  // kernels that skip work or read the wrong element).
+  std::uint16_t bf16_normal(float stddev) {
+    for (;;) {
+      const std::uint16_t bits = float_to_bf16(static_cast<float>(normal_(gen_)) * stddev);
+      if ((bits & 0x7fff) != 0) return bits;
+    }
+  }
+  void fill_bf16(std::vector<std::uint16_t>& v, float stddev) {
+    for (auto& x : v) x = bf16_normal(stddev);
+  }
+  // Uniform integer in [lo, hi].
+  std::int64_t uniform(std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(gen_);
+  }
+  std::mt19937_64& engine() { return gen_; }
+
+ private:
+  std::mt19937_64 gen_;
+  std::normal_distribution<double> normal_{0.0, 1.0};
+};
+
+// Writes `count` distinct positions of [0, n) into dst, in random order
+// (partial Fisher-Yates over `scratch`).
+void sample_positions(CaseRng& rng, std::int32_t n, std::int32_t count, std::int32_t* dst,
+                      std::vector<std::int32_t>& scratch) {
+  scratch.resize(static_cast<std::size_t>(n));
+  std::iota(scratch.begin(), scratch.end(), 0);
+  for (std::int32_t i = 0; i < count; ++i) {
+    const auto j = static_cast<std::size_t>(rng.uniform(i, n - 1));
+    std::swap(scratch[static_cast<std::size_t>(i)], scratch[j]);
+    dst[i] = scratch[static_cast<std::size_t>(i)];
+  }
+}
+
+void fill_topk_row(CaseRng& rng, TopkFill fill, std::int32_t pos, std::int32_t topk, std::int32_t* row,
+                   std::vector<std::int32_t>& scratch) {
+  std::fill(row, row + topk, -1);
+  const std::int32_t candidates = pos + 1;  // positions 0..pos
+  switch (fill) {
+    case TopkFill::all_empty:
+      return;
+    case TopkFill::causal_full:
+      if (candidates <= topk) {
+        std::iota(row, row + candidates, 0);
+      } else {
+        sample_positions(rng, candidates, topk, row, scratch);
+      }
+      return;
+    case TopkFill::random_subset: {
+      const auto count = static_cast<std::int32_t>(rng.uniform(0, std::min(candidates, topk)));
+      std::vector<std::int32_t> picked(static_cast<std::size_t>(count));
+      sample_positions(rng, candidates, count, picked.data(), scratch);
+      // Scatter the picked positions over `count` random distinct columns.
+      std::vector<std::int32_t> columns(static_cast<std::size_t>(count));
+      std::vector<std::int32_t> column_scratch;
+      sample_positions(rng, topk, count, columns.data(), column_scratch);
+      for (std::int32_t i = 0; i < count; ++i) row[columns[static_cast<std::size_t>(i)]] = picked[static_cast<std::size_t>(i)];
+      return;
+    }
+  }
+  throw Error("unknown TopkFill value " + str(static_cast<int>(fill)));
+}
+
+}  // namespace
+
+Case make_synthetic_case(const SyntheticSpec& spec) {
+  const std::size_t R = spec.seq_lens.size();
+  if (spec.query_lens.size() != R)
+    throw Error("synthetic case: " + str(static_cast<std::int64_t>(R)) + " seq_lens but " +
+                str(static_cast<std::int64_t>(spec.query_lens.size())) + " query_lens");
+  if (spec.block_size <= 0) throw Error("synthetic case: block_size must be positive, got " + str(spec.block_size));
+  if (spec.topk <= 0) throw Error("synthetic case: topk must be positive, got " + str(spec.topk));
+  if (spec.num_heads <= 0) throw Error("synthetic case: num_heads must be positive, got " + str(spec.num_heads));
+  if (spec.padding_tokens < 0 || spec.spare_blocks < 0)
+    throw Error("synthetic case: padding_tokens and spare_blocks must be non-negative");
+  if (!(spec.k_scale > 0) || !(spec.q_scale > 0) || !std::isfinite(spec.k_scale) || !std::isfinite(spec.q_scale))
+    throw Error("synthetic case: k_scale and q_scale must be positive and finite");
+
+  Case c;
+  c.num_heads = spec.num_heads;
+  c.cache_format = spec.cache_format;
+  c.block_size = spec.block_size;
+  c.topk = spec.topk;
+  c.softmax_scale = static_cast<float>(default_softmax_scale());
+  c.k_scale = spec.k_scale;
+  c.q_scale = spec.q_scale;
+  c.policy = spec.policy;
+  c.decode_threshold = spec.decode_threshold;
+  c.num_requests = static_cast<int>(R);
+
+  const std::int64_t B = spec.block_size;
+  std::int64_t num_new = 0, blocks_needed = 0;
+  int max_blocks = 1;  // keep the block table non-empty even when every sequence is empty
+  c.query_start_loc.push_back(0);
+  for (std::size_t r = 0; r < R; ++r) {
+    const int s = spec.seq_lens[r], ql = spec.query_lens[r];
+    if (s < 0 || ql < 0 || ql > s)
+      throw Error("synthetic case: request " + str(static_cast<std::int64_t>(r)) + " has query_len " + str(ql) +
+                  " and seq_len " + str(s) + " (need 0 <= query_len <= seq_len)");
+    const auto blocks = static_cast<int>((s + B - 1) / B);
+    max_blocks = std::max(max_blocks, blocks);
+    blocks_needed += blocks;
+    num_new += ql;
+    c.query_start_loc.push_back(static_cast<std::int32_t>(num_new));
+    c.seq_lens.push_back(s);
+  }
+  c.num_tokens = static_cast<int>(num_new + spec.padding_tokens);
+  c.max_blocks_per_request = max_blocks;
+  c.num_cache_blocks = blocks_needed + spec.spare_blocks;
+
+  CaseRng rng(spec.seed);
+  const std::int64_t T = c.num_tokens, H = c.num_heads;
+
+  // Cache block assignment: request r owns the next ceil(seq_len / B) blocks of
+  // a (possibly shuffled) list of all blocks; unused table entries stay 0, as in vLLM.
+  std::vector<std::int32_t> blocks(static_cast<std::size_t>(c.num_cache_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  if (spec.shuffle_blocks) std::shuffle(blocks.begin(), blocks.end(), rng.engine());
+  c.block_table.assign(R * static_cast<std::size_t>(max_blocks), 0);
+  std::size_t next_block = 0;
+  for (std::size_t r = 0; r < R; ++r) {
+    const std::int64_t n = (c.seq_lens[r] + B - 1) / B;
+    for (std::int64_t j = 0; j < n; ++j)
+      c.block_table[r * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(j)] = blocks[next_block++];
+  }
+  auto slot_of = [&](std::size_t r, std::int64_t pos) -> std::int64_t {
+    return static_cast<std::int64_t>(c.block_table[r * static_cast<std::size_t>(max_blocks) +
+                                                   static_cast<std::size_t>(pos / B)]) * B + pos % B;
+  };
+
+  // Dense tensors: q, kv_c, k_pe ~ N(0, 1); w_kv_b ~ N(0, 1/sqrt(512)) so that
+  // absorbed queries have unit-ish scale and scores spread over a few units.
+  c.q.resize(static_cast<std::size_t>(T * H * kQkHeadDim));
+  c.kv_c.resize(static_cast<std::size_t>(T * kLatentDim));
+  c.k_pe.resize(static_cast<std::size_t>(T * kRopeDim));
+  c.w_kv_b.resize(static_cast<std::size_t>(H * kKvBRowsPerHead * kLatentDim));
+  rng.fill_bf16(c.q, 1.0f);
+  rng.fill_bf16(c.kv_c, 1.0f);
+  rng.fill_bf16(c.k_pe, 1.0f);
+  rng.fill_bf16(c.w_kv_b, static_cast<float>(1.0 / std::sqrt(static_cast<double>(kLatentDim))));
+
+  // Cache: every slot holds a random valid token, so spare blocks, unused tail
+  // slots and the slots the new tokens will overwrite are never zero; the
+  // cached prefix [0, ctx) of each request is simply what its slots hold.
+  const int bpt = bytes_per_token(c.cache_format);
+  const std::int64_t num_slots = c.num_cache_blocks * B;
+  c.kv_cache.resize(static_cast<std::size_t>(num_slots * bpt));
+  {
+    std::uint16_t latent[kLatentDim], rope[kRopeDim];
+    for (std::int64_t s = 0; s < num_slots; ++s) {
+      for (auto& x : latent) x = rng.bf16_normal(1.0f);
+      for (auto& x : rope) x = rng.bf16_normal(1.0f);
+      write_cache_token(c.cache_format,
+                        std::span<std::uint8_t>(c.kv_cache.data() + s * bpt, static_cast<std::size_t>(bpt)),
+                        latent, rope, c.k_scale);
+    }
+  }
+
+  // New tokens go to the slots of their positions ctx + i; padding rows get -1.
+  c.slot_mapping.assign(static_cast<std::size_t>(T), -1);
+  for (std::size_t r = 0; r < R; ++r) {
+    const std::int64_t start = c.query_start_loc[r], ql = c.query_start_loc[r + 1] - start;
+    const std::int64_t ctx = c.seq_lens[r] - ql;
+    for (std::int64_t i = 0; i < ql; ++i) c.slot_mapping[static_cast<std::size_t>(start + i)] = slot_of(r, ctx + i);
+  }
+
+  if (spec.with_topk) {
+    c.topk_indices.assign(static_cast<std::size_t>(T * spec.topk), -1);  // padding rows stay empty
+    std::vector<std::int32_t> scratch;
+    for (std::size_t r = 0; r < R; ++r) {
+      const std::int64_t start = c.query_start_loc[r], ql = c.query_start_loc[r + 1] - start;
+      const std::int64_t ctx = c.seq_lens[r] - ql;
+      for (std::int64_t i = 0; i < ql; ++i)
+        fill_topk_row(rng, spec.topk_fill, static_cast<std::int32_t>(ctx + i), spec.topk,
+                      c.topk_indices.data() + (start + i) * spec.topk, scratch);
+    }
+  }
+  c.check_shapes();
+  return c;
+}
+
+// ---------------------------------------------------------------- named batches
+
+namespace {
+
+struct NamedBatch {
+  const char* name;
+  std::vector<int> seq_lens, query_lens;
+};
+
+// DESIGN §5 (seq_lens ; query_lens).
+const std::vector<NamedBatch>& named_batches() {
+  static const std::vector<NamedBatch> batches = {
+      {"small_decode", {32, 40}, {1, 1}},
+      {"mixed_small", {32, 40, 48, 56}, {1, 1, 5, 5}},
+      {"mixed_medium", {512, 1024, 2048, 512, 1024, 2048}, {1, 1, 1, 7, 7, 7}},
+      {"small_prefill", {32, 40}, {8, 8}},
+      {"medium_prefill", {256, 512, 1024, 2048}, {16, 16, 16, 16}},
+      {"single_prefill", {1024}, {64}},
+      {"large_q_prefill", {1024, 1024}, {256, 256}},
+      {"large_q_pure_prefill", {256, 256}, {256, 256}},
+      {"large_decode_over_topk", {256, 384}, {1, 1}},
+  };
+  return batches;
+}
+
+}  // namespace
+
+std::vector<std::string> named_batch_names() {
+  std::vector<std::string> names;
+  for (const auto& b : named_batches()) names.emplace_back(b.name);
+  return names;
+}
+
+void apply_named_batch(const std::string& name, SyntheticSpec& spec) {
+  for (const auto& b : named_batches()) {
+    if (name == b.name) {
+      spec.seq_lens = b.seq_lens;
+      spec.query_lens = b.query_lens;
+      return;
+    }
+  }
+  std::string known;
+  for (const auto& b : named_batches()) known += (known.empty() ? "" : ", ") + std::string(b.name);
+  throw Error("unknown batch name '" + name + "' (known: " + known + ")");
+}
+
+// ---------------------------------------------------------------- case files
+
+namespace {
+
+using io::DType;
+
+const char* const kMetaScale = "scale";
+const char* const kMetaTopk = "topk";
+const char* const kMetaCacheFormat = "cache_format";
+const char* const kMetaBlockSize = "block_size";
+const char* const kMetaKScale = "k_scale";
+const char* const kMetaQScale = "q_scale";
+const char* const kMetaPolicy = "policy";
+const char* const kMetaDecodeThreshold = "decode_threshold";
+
+std::string meta_error(const std::string& key, const std::string& value, const std::string& what) {
+  return "metadata '" + key + "': '" + value + "' " + what;
+}
+
+// Integer metadata value: the whole string must be a base-10 integer in [lo, hi].
+int meta_int(const std::map<std::string, std::string>& meta, const std::string& key, int fallback, int lo,
+             int hi) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) return fallback;
+  const std::string& s = it->second;
+  int v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range) throw Error(meta_error(key, s, "is out of range"));
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    throw Error(meta_error(key, s, "is not an integer"));
+  if (v < lo || v > hi)
+    throw Error(meta_error(key, s, "must be in [" + str(lo) + ", " + str(hi) + "]"));
+  return v;
+}
+
+// Positive finite float metadata value.
+float meta_positive_float(const std::map<std::string, std::string>& meta, const std::string& key, float fallback) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) return fallback;
+  const std::string& s = it->second;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    throw Error(meta_error(key, s, "is not a number"));
+  if (!std::isfinite(v) || !(v > 0) || !std::isfinite(static_cast<float>(v)) || static_cast<float>(v) <= 0)
+    throw Error(meta_error(key, s, "must be a positive finite number"));
+  return static_cast<float>(v);
+}
+
+// Shortest text that reads back as the same float.
+std::string float_text(float v) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  if (ec != std::errc()) throw Error("cannot format float value");
+  return std::string(buf, end);
+}
+
+template <class T>
+void copy_tensor(const io::Tensor& t, std::vector<T>& dst) {
+  const auto src = t.as<T>();
+  dst.assign(src.begin(), src.end());
+}
+
+template <class T>
+io::Tensor make_tensor(DType dtype, std::vector<std::int64_t> shape, const std::vector<T>& values) {
+  io::Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data.resize(values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(t.data.data(), values.data(), t.data.size());
+  return t;
+}
+
+}  // namespace
+
+Case load_case(const std::string& path) {
+  const io::File f = io::read_safetensors(path);
+  const auto& meta = f.metadata;
+  Case c;
+  const std::int64_t any = -1;
+
+  // Extents come from the tensors; every other tensor must agree with them.
+  const io::Tensor& q = io::require(f, "q", DType::BF16, std::vector<std::int64_t>{any, any, kQkHeadDim});
+  const std::int64_t T = q.shape[0], H = q.shape[1];
+  const io::Tensor& kv_cache = io::require(f, "kv_cache", DType::U8, std::vector<std::int64_t>{any, any, any});
+  const io::Tensor& block_table = io::require(f, "block_table", DType::I32, std::vector<std::int64_t>{any, any});
+  const std::int64_t R = block_table.shape[0];
+  const io::Tensor& kv_c = io::require(f, "kv_c", DType::BF16, std::vector<std::int64_t>{T, kLatentDim});
+  const io::Tensor& k_pe = io::require(f, "k_pe", DType::BF16, std::vector<std::int64_t>{T, kRopeDim});
+  const io::Tensor& w_kv_b =
+      io::require(f, "w_kv_b", DType::BF16, std::vector<std::int64_t>{H * kKvBRowsPerHead, kLatentDim});
+  const io::Tensor& seq_lens = io::require(f, "seq_lens", DType::I32, std::vector<std::int64_t>{R});
+  const io::Tensor& qsl = io::require(f, "query_start_loc", DType::I32, std::vector<std::int64_t>{R + 1});
+  const io::Tensor& slots = io::require(f, "slot_mapping", DType::I64, std::vector<std::int64_t>{T});
+  const io::Tensor* topk = io::optional(f, "topk_indices", DType::I32, std::vector<std::int64_t>{T, any});
+
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  if (T > kIntMax || H > kIntMax || R > kIntMax - 1 || block_table.shape[1] > kIntMax)
+    throw Error("case file '" + path + "': an extent of q or block_table does not fit in int32");
+
+  // Cache geometry: block_size from the tensor, cache_format from metadata or
+  // (when absent) from the bytes per token, which differ between the formats.
+  const std::int64_t cache_blocks = kv_cache.shape[0], cache_block_size = kv_cache.shape[1],
+                     cache_bpt = kv_cache.shape[2];
+  if (cache_block_size <= 0 || cache_block_size > kIntMax)
+    throw Error("case tensor 'kv_cache' has block size " + str(cache_block_size) + " (dimension 1)");
+  if (const auto it = meta.find(kMetaCacheFormat); it != meta.end()) {
+    try {
+      c.cache_format = parse_cache_format(it->second);
+    } catch (const Error&) {
+      throw Error(meta_error(kMetaCacheFormat, it->second, "is not a cache format (bf16, fp8_ds_mla, fp8)"));
+    }
+    if (cache_bpt != bytes_per_token(c.cache_format))
+      throw Error("case tensor 'kv_cache' has " + str(cache_bpt) + " bytes per token (dimension 2) but cache_format '" +
+                  std::string(to_string(c.cache_format)) + "' stores " + str(bytes_per_token(c.cache_format)));
+  } else {
+    bool found = false;
+    for (CacheFormat fmt : {CacheFormat::bf16, CacheFormat::fp8_ds_mla, CacheFormat::fp8}) {
+      if (cache_bpt == bytes_per_token(fmt)) {
+        c.cache_format = fmt;
+        found = true;
+      }
+    }
+    if (!found)
+      throw Error("case tensor 'kv_cache' has " + str(cache_bpt) +
+                  " bytes per token (dimension 2), which is no cache format (1152 bf16, 656 fp8_ds_mla, 576 fp8)");
+  }
+  c.block_size = meta_int(meta, kMetaBlockSize, static_cast<int>(cache_block_size), 1, kIntMax);
+  if (c.block_size != cache_block_size)
+    throw Error(meta_error(kMetaBlockSize, meta.at(kMetaBlockSize),
+                           "disagrees with tensor 'kv_cache' (block size " + str(cache_block_size) + ")"));
+
+  const int topk_cols = topk ? static_cast<int>(std::min<std::int64_t>(topk->shape[1], kIntMax)) : 2048;
+  c.topk = meta_int(meta, kMetaTopk, topk_cols, 1, kIntMax);
+  if (topk && c.topk != topk->shape[1])
+    throw Error(meta_error(kMetaTopk, meta.at(kMetaTopk),
+                           "disagrees with tensor 'topk_indices' (" + str(topk->shape[1]) + " columns)"));
+  c.softmax_scale = meta_positive_float(meta, kMetaScale, static_cast<float>(default_softmax_scale()));
+  c.k_scale = meta_positive_float(meta, kMetaKScale, 1.0f);
+  c.q_scale = meta_positive_float(meta, kMetaQScale, 1.0f);
+  if (const auto it = meta.find(kMetaPolicy); it != meta.end()) {
+    try {
+      c.policy = parse_routing_policy(it->second);
+    } catch (const Error&) {
+      throw Error(meta_error(kMetaPolicy, it->second, "is not a policy (per_request, per_batch, force_sparse)"));
+    }
+  }
+  c.decode_threshold = meta_int(meta, kMetaDecodeThreshold, 1, 1, kIntMax);
+
+  c.num_heads = static_cast<int>(H);
+  c.num_tokens = static_cast<int>(T);
+  c.num_requests = static_cast<int>(R);
+  c.max_blocks_per_request = static_cast<int>(block_table.shape[1]);
+  c.num_cache_blocks = cache_blocks;
+  copy_tensor(q, c.q);
+  copy_tensor(kv_c, c.kv_c);
+  copy_tensor(k_pe, c.k_pe);
+  copy_tensor(w_kv_b, c.w_kv_b);
+  copy_tensor(kv_cache, c.kv_cache);
+  copy_tensor(block_table, c.block_table);
+  copy_tensor(seq_lens, c.seq_lens);
+  copy_tensor(qsl, c.query_start_loc);
+  copy_tensor(slots, c.slot_mapping);
+  if (topk) copy_tensor(*topk, c.topk_indices);
+  c.check_shapes();
+  return c;
+}
+
+void save_case(const std::string& path, const Case& c) {
+  c.check_shapes();
+  const std::int64_t T = c.num_tokens, H = c.num_heads, R = c.num_requests;
+  io::File f;
+  f.tensors["q"] = make_tensor(DType::BF16, {T, H, kQkHeadDim}, c.q);
+  f.tensors["kv_c"] = make_tensor(DType::BF16, {T, kLatentDim}, c.kv_c);
+  f.tensors["k_pe"] = make_tensor(DType::BF16, {T, kRopeDim}, c.k_pe);
+  f.tensors["w_kv_b"] = make_tensor(DType::BF16, {H * kKvBRowsPerHead, kLatentDim}, c.w_kv_b);
+  f.tensors["kv_cache"] =
+      make_tensor(DType::U8, {c.num_cache_blocks, c.block_size, bytes_per_token(c.cache_format)}, c.kv_cache);
+  f.tensors["block_table"] = make_tensor(DType::I32, {R, c.max_blocks_per_request}, c.block_table);
+  f.tensors["seq_lens"] = make_tensor(DType::I32, {R}, c.seq_lens);
+  f.tensors["query_start_loc"] = make_tensor(DType::I32, {R + 1}, c.query_start_loc);
+  f.tensors["slot_mapping"] = make_tensor(DType::I64, {T}, c.slot_mapping);
+  if (!c.topk_indices.empty()) f.tensors["topk_indices"] = make_tensor(DType::I32, {T, c.topk}, c.topk_indices);
+  f.metadata[kMetaScale] = float_text(c.softmax_scale);
+  f.metadata[kMetaTopk] = str(c.topk);
+  f.metadata[kMetaCacheFormat] = std::string(to_string(c.cache_format));
+  f.metadata[kMetaBlockSize] = str(c.block_size);
+  f.metadata[kMetaKScale] = float_text(c.k_scale);
+  f.metadata[kMetaQScale] = float_text(c.q_scale);
+  f.metadata[kMetaPolicy] = std::string(to_string(c.policy));
+  f.metadata[kMetaDecodeThreshold] = str(c.decode_threshold);
+  io::write_safetensors(path, f);
+}
+
+}  // namespace dsmla

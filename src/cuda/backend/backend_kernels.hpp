@@ -1,0 +1,73 @@
+// The small kernels around the attention kernels in the CUDA backend's run():
+// top-k index conversion, sparse-query preparation, row scatter and padding
+// rows. Host-compilable header (bf16 as uint16_t).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsmla::cuda {
+
+// One token of the sparse path, uploaded at plan time.
+struct SparseTokenInfo {
+  std::int32_t row;      // token row in q / topk_indices / out
+  std::int32_t request;  // row of block_table
+  std::int32_t seq_len;  // valid request-local positions are [0, seq_len)
+  std::int32_t pad;
+};
+
+// DESIGN §3 index conversion on the device: for sparse token i,
+// slots[i, 0:valid_counts[i]] = block_table[r][pos / B] * B + pos % B for every
+// entry pos of topk_indices[row_i] in [0, seq_len) whose block id lies in
+// [0, num_blocks), in the order of the input; the rest of the row is -1. Every
+// other value (-1 or bad input) is dropped, so no later kernel reads outside
+// the cache or the block table.
+struct TopkConvertParams {
+  const std::int32_t* topk_indices = nullptr;  // [T, topk] request-local positions
+  int topk = 0;
+  const SparseTokenInfo* tokens = nullptr;     // [num_tokens]
+  int num_tokens = 0;
+  const std::int32_t* block_table = nullptr;   // [R, max_blocks_per_request]
+  int max_blocks_per_request = 0;
+  int block_size = 0;
+  std::int64_t num_blocks = 0;
+  std::int32_t* slots = nullptr;               // [num_tokens, topk]
+  std::int32_t* valid_counts = nullptr;        // [num_tokens]
+};
+void launch_convert_topk(const TopkConvertParams& p, cudaStream_t stream);
+
+// Prepares the absorbed query of the sparse tokens:
+//   q_abs[i, h, 512:576] = q_pe of row rows[i]           (the GEMM fills [0:512])
+//   q_nope[i, h, 0:128]  = q_nope of row rows[i]          (only when q_nope != null:
+//                          the tokens are scattered and the GEMM needs them compact)
+struct SparseQueryPrepParams {
+  const std::uint16_t* q = nullptr;        // [T, H, 192] bf16
+  const SparseTokenInfo* tokens = nullptr; // [num_tokens]
+  int num_tokens = 0;
+  int num_heads = 0;
+  std::uint16_t* q_nope = nullptr;         // [num_tokens, H, 128] bf16, or null
+  std::uint16_t* q_abs = nullptr;          // [num_tokens, H, 576] bf16
+};
+void launch_prepare_sparse_query(const SparseQueryPrepParams& p, cudaStream_t stream);
+
+// out[tokens[i].row, :] = compact[i, :] for rows of `row_elems` bf16 values.
+struct ScatterRowsParams {
+  const std::uint16_t* compact = nullptr;  // [num_tokens, row_elems]
+  const SparseTokenInfo* tokens = nullptr; // [num_tokens]
+  int num_tokens = 0;
+  int row_elems = 0;                       // multiple of 8
+  std::uint16_t* out = nullptr;            // [T, row_elems]
+};
+void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream);
+
+// Padding rows: out[row, :] = 0 (H*128 values), lse[row, :] = -inf.
+struct PaddingRowsParams {
+  const std::int32_t* rows = nullptr;  // [num_rows]
+  int num_rows = 0;
+  int num_heads = 0;
+  std::uint16_t* out = nullptr;        // [T, H*128] bf16
+  float* lse = nullptr;                // [T, H]
+};
+void launch_fill_padding_rows(const PaddingRowsParams& p, cudaStream_t stream);
+
+}  // namespace dsmla::cuda

@@ -1,0 +1,373 @@
+// The CUDA backend behind dsmla::Attention (DESIGN §2-3).
+//
+// on_plan() uploads the plan's index metadata into device memory owned by the
+// backend (the only place it allocates or synchronises). run() then enqueues,
+// on the caller's stream only and without host synchronisation or allocation
+// (so a decode step can be captured in a CUDA graph):
+//
+//   1. cache write of every new token (padding slots -1 skipped);
+//   2. padding rows: out = 0, lse = -inf;
+//   3. sparse path (decode + sparse prefill tokens):
+//        top-k -> compacted global slots + valid counts     (ws_sparse_slots)
+//        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe])
+//        launch_sparse_mla                                   (ws_sparse_o = o_lat)
+//        output up-projection, one strided-batched GEMM      (out, or compact then scatter)
+//   4. dense path (short prefills):
+//        gather + dequantise the latent rows                 (ws_dense_latent)
+//        kv_up = latent[:, :512] @ w_kv_b^T, one GEMM        (ws_dense_kv)
+//        launch_dense_mha
+//
+// Scattered sparse tokens (a mixed batch whose dense requests sit between
+// sparse ones) borrow regions that are idle at that moment instead of asking
+// for more workspace: the compact q_nope rows go to ws_sparse_o before the
+// sparse kernel overwrites it, and the compact output rows go to ws_sparse_q
+// after the sparse kernel has consumed it. When the sparse tokens form one
+// contiguous range, the GEMMs read q and write out in place through strides.
+//
+// Workspace: the regions of the plan (Plan::ws_*), then, 256-byte aligned, the
+// split-KV scratch of the sparse kernel (sparse_mla_workspace_bytes). The planner
+// is host-only and cannot know the device's multiprocessor count that sizes the
+// latter, so workspace_bytes(plan) appends it.
+//
+// The cuBLAS handle and its 32 MiB workspace are created at construction; the
+// workspace is re-attached on every run because cublasSetStream resets it,
+// and a user workspace keeps cuBLAS from allocating during graph capture.
+// A backend object serves one thread at a time on the device that was current
+// when it was constructed.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/backend_impl.hpp"
+#include "cuda/backend/backend_kernels.hpp"
+#include "cuda/cache/cache_kernels.hpp"
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/dense_mha/dense_mha.hpp"
+#include "cuda/sparse_mla/sparse_mla.hpp"
+
+namespace dsmla {
+namespace cuda {
+namespace {
+
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // cuBLAS' advice for Hopper
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string(what) + " failed: " + cublasGetStatusName(status) + " (" +
+                cublasGetStatusString(status) + ")");
+}
+#define DSMLA_CUBLAS_CHECK(call) check_cublas((call), #call)
+
+// Host-side argument checks of run(): pointers only, never device memory.
+void require_pointer(const void* p, std::size_t alignment, const char* name) {
+  if (p == nullptr) throw Error(std::string("CUDA backend run(): ") + name + " is null");
+  if (reinterpret_cast<std::uintptr_t>(p) % alignment != 0)
+    throw Error(std::string("CUDA backend run(): ") + name + " must be " + std::to_string(alignment) +
+                "-byte aligned, got address " + std::to_string(reinterpret_cast<std::uintptr_t>(p)));
+}
+
+template <class T>
+T* region(void* workspace, const WorkspaceRegion& r) {
+  return reinterpret_cast<T*>(static_cast<std::uint8_t*>(workspace) + r.offset);
+}
+
+void require_region(const WorkspaceRegion& r, std::size_t needed, const char* name) {
+  if (r.bytes < needed)
+    throw Error(std::string("plan.") + name + " has " + std::to_string(r.bytes) + " bytes, the CUDA backend needs " +
+                std::to_string(needed));
+}
+
+// C[i] = op(A[i]) * op(B[i]) for `batch` column-major bf16 matrices, fp32 accumulation.
+void gemm_bf16(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k,
+               const void* a, int lda, long long stride_a, const void* b, int ldb, long long stride_b, void* c,
+               int ldc, long long stride_c, int batch) {
+  const float alpha = 1.f, beta = 0.f;
+  DSMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_a, op_b, m, n, k, &alpha, a, CUDA_R_16BF, lda, stride_a,
+                                                b, CUDA_R_16BF, ldb, stride_b, &beta, c, CUDA_R_16BF, ldc, stride_c,
+                                                batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+constexpr std::size_t kWorkspaceAlignment = 256;
+
+std::size_t sparse_split_offset(const Plan& plan) {
+  return (plan.workspace_bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+std::size_t sparse_split_bytes(const Plan& plan) {
+  if (plan.sparse_tokens.empty()) return 0;
+  return sparse_mla_workspace_bytes(static_cast<int>(plan.sparse_tokens.size()), plan.options.num_heads,
+                                    plan.options.topk);
+}
+
+class CudaBackend final : public BackendImpl {
+ public:
+  explicit CudaBackend(const PlanOptions& options) : options_(options) {
+    DSMLA_CUBLAS_CHECK(cublasCreate(&cublas_));
+    try {
+      cublas_workspace_.resize(kCublasWorkspaceBytes);
+    } catch (...) {
+      cublasDestroy(cublas_);
+      throw;
+    }
+  }
+  ~CudaBackend() override { cublasDestroy(cublas_); }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  void on_plan(const Plan& plan) override;
+  std::size_t workspace_bytes(const Plan& plan) const override {
+    return sparse_split_offset(plan) + sparse_split_bytes(plan);
+  }
+  void run(const Plan& plan, const ForwardInputs& in, void* workspace, void* stream) override;
+
+ private:
+  void check_inputs(const Plan& plan, const ForwardInputs& in, const void* workspace) const;
+  void run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
+  void run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
+
+  PlanOptions options_;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer<std::uint8_t> cublas_workspace_;
+
+  // Metadata of the last plan given to on_plan().
+  bool planned_ = false;
+  std::uint64_t plan_id_ = 0;
+  int plan_tokens_ = 0;
+  bool sparse_contiguous_ = false;           // sparse rows are [first, first + n)
+  std::size_t split_bytes_ = 0;              // sparse_split_bytes(plan), fixed at plan time
+  std::size_t workspace_bytes_ = 0;          // workspace_bytes(plan)
+  DeviceBuffer<SparseTokenInfo> sparse_tokens_;
+  DeviceBuffer<std::int32_t> sparse_rows_;   // = plan.sparse_tokens: the lse rows of the sparse kernel
+  DeviceBuffer<std::int32_t> padding_rows_;
+  DeviceBuffer<LatentRowSource> dense_rows_;  // [dense_kv_rows]
+  DeviceBuffer<DenseMhaRequest> dense_requests_;
+  DeviceBuffer<DenseMhaWorkItem> dense_work_;
+};
+
+void CudaBackend::on_plan(const Plan& plan) {
+  const std::size_t heads = static_cast<std::size_t>(plan.options.num_heads);
+  const std::size_t n_sparse = plan.sparse_tokens.size();
+  if (plan.options.num_heads != options_.num_heads || plan.options.cache_format != options_.cache_format)
+    throw Error("CUDA backend: plan for " + std::to_string(plan.options.num_heads) + " heads / " +
+                std::string(to_string(plan.options.cache_format)) + " cache, backend built for " +
+                std::to_string(options_.num_heads) + " / " + std::string(to_string(options_.cache_format)));
+  for (int r = 0; r < plan.num_requests; ++r) {
+    const std::int64_t blocks = (std::int64_t{plan.routes[r].seq_len} + plan.block_size - 1) / plan.block_size;
+    if (blocks > plan.max_blocks_per_request)
+      throw Error("CUDA backend: request " + std::to_string(r) + " (seq_len " + std::to_string(plan.routes[r].seq_len) +
+                  ") needs " + std::to_string(blocks) + " block-table columns, plan.max_blocks_per_request is " +
+                  std::to_string(plan.max_blocks_per_request));
+  }
+  require_region(plan.ws_sparse_q, n_sparse * heads * kLatentKeyDim * 2, "ws_sparse_q");
+  require_region(plan.ws_sparse_o, n_sparse * heads * kLatentDim * 2, "ws_sparse_o");
+  require_region(plan.ws_sparse_slots, n_sparse * (plan.options.topk + 1) * 4, "ws_sparse_slots");
+  const auto kv_rows = static_cast<std::size_t>(plan.dense_kv_rows);
+  require_region(plan.ws_dense_latent, kv_rows * kLatentKeyDim * 2, "ws_dense_latent");
+  require_region(plan.ws_dense_kv, kv_rows * heads * kKvBRowsPerHead * 2, "ws_dense_kv");
+  if (plan.dense_kv_rows > INT32_MAX) throw Error("CUDA backend: dense_kv_rows " + std::to_string(plan.dense_kv_rows) + " exceeds int32");
+
+  std::vector<SparseTokenInfo> tokens(n_sparse);
+  for (std::size_t i = 0; i < n_sparse; ++i) {
+    const std::int32_t row = plan.sparse_tokens[i];
+    const std::int32_t request = plan.token_request[row];
+    tokens[i] = {row, request, plan.routes[request].seq_len, 0};
+  }
+  std::vector<std::int32_t> padding;
+  for (int t = 0; t < plan.num_tokens; ++t)
+    if (plan.token_path[t] == TokenPath::padding) padding.push_back(t);
+  std::vector<LatentRowSource> rows;
+  rows.reserve(kv_rows);
+  for (const DenseRequest& d : plan.dense_requests)
+    for (std::int32_t pos = 0; pos < d.seq_len; ++pos)
+      rows.push_back({d.request, pos, pos < d.ctx_len ? -1 : d.q_start + (pos - d.ctx_len), 0});
+
+  planned_ = false;  // stays false if an upload throws
+  sparse_tokens_.upload(tokens);
+  sparse_rows_.upload(plan.sparse_tokens);
+  padding_rows_.upload(padding);
+  dense_rows_.upload(rows);
+  dense_requests_.upload(make_dense_mha_requests(plan.dense_requests));
+  dense_work_.upload(make_dense_mha_schedule(plan.dense_requests));
+  sparse_contiguous_ = n_sparse > 0 && plan.sparse_tokens.back() - plan.sparse_tokens.front() + 1 ==
+                                           static_cast<std::int32_t>(n_sparse);
+  split_bytes_ = sparse_split_bytes(plan);
+  workspace_bytes_ = sparse_split_offset(plan) + split_bytes_;
+  plan_id_ = plan.id;
+  plan_tokens_ = plan.num_tokens;
+  planned_ = true;
+}
+
+void CudaBackend::check_inputs(const Plan& plan, const ForwardInputs& in, const void* workspace) const {
+  if (!planned_ || plan.id != plan_id_ || plan.num_tokens != plan_tokens_)
+    throw Error("CUDA backend run(): plan " + std::to_string(plan.id) +
+                " was not given to on_plan() (the backend holds the metadata of plan " + std::to_string(plan_id_) + ")");
+  if (!(in.softmax_scale > 0.f)) throw Error("CUDA backend run(): softmax_scale " + std::to_string(in.softmax_scale) + " must be > 0");
+  if (plan.options.cache_format == CacheFormat::fp8 && (!(in.k_scale > 0.f) || !(in.q_scale > 0.f)))
+    throw Error("CUDA backend run(): fp8 k_scale " + std::to_string(in.k_scale) + " and q_scale " +
+                std::to_string(in.q_scale) + " must be > 0");
+  require_pointer(in.q, 16, "q");
+  require_pointer(in.kv_c, 16, "kv_c");
+  require_pointer(in.k_pe, 16, "k_pe");
+  require_pointer(in.w_kv_b, 16, "w_kv_b");
+  require_pointer(in.kv_cache, 16, "kv_cache");
+  require_pointer(in.slot_mapping, 8, "slot_mapping");
+  require_pointer(in.out, 16, "out");
+  require_pointer(in.lse, 4, "lse");
+  if (plan.num_requests > 0) require_pointer(in.block_table, 4, "block_table");
+  if (!plan.sparse_tokens.empty()) require_pointer(in.topk_indices, 4, "topk_indices");
+  if (workspace_bytes_ > 0) require_pointer(workspace, kWorkspaceAlignment, "workspace");
+}
+
+void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace, void* stream_handle) {
+  if (plan.num_tokens == 0) return;
+  check_inputs(plan, in, workspace);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+
+  launch_cache_write({.kv_c = in.kv_c,
+                      .k_pe = in.k_pe,
+                      .slot_mapping = in.slot_mapping,
+                      .num_tokens = plan.num_tokens,
+                      .kv_cache = in.kv_cache,
+                      .num_slots = plan.num_cache_slots,
+                      .format = plan.options.cache_format,
+                      .k_scale = in.k_scale},
+                     stream);
+  launch_fill_padding_rows({.rows = padding_rows_.data(),
+                            .num_rows = static_cast<int>(padding_rows_.size()),
+                            .num_heads = plan.options.num_heads,
+                            .out = in.out,
+                            .lse = in.lse},
+                           stream);
+  if (!plan.sparse_tokens.empty() || !plan.dense_requests.empty()) {
+    DSMLA_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
+    DSMLA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes()));
+  }
+  if (!plan.sparse_tokens.empty()) run_sparse(plan, in, workspace, stream);
+  if (!plan.dense_requests.empty()) run_dense(plan, in, workspace, stream);
+}
+
+void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
+  const int n = static_cast<int>(plan.sparse_tokens.size());
+  const int heads = plan.options.num_heads;
+  const int topk = plan.options.topk;
+  auto* q_abs = region<std::uint16_t>(workspace, plan.ws_sparse_q);  // [n, H, 576]
+  auto* o_lat = region<std::uint16_t>(workspace, plan.ws_sparse_o);  // [n, H, 512]
+  auto* slots = region<std::int32_t>(workspace, plan.ws_sparse_slots);
+  std::int32_t* valid_counts = slots + std::int64_t{n} * topk;
+
+  launch_convert_topk({.topk_indices = in.topk_indices,
+                       .topk = topk,
+                       .tokens = sparse_tokens_.data(),
+                       .num_tokens = n,
+                       .block_table = in.block_table,
+                       .max_blocks_per_request = plan.max_blocks_per_request,
+                       .block_size = plan.block_size,
+                       .num_blocks = plan.num_cache_slots / plan.block_size,
+                       .slots = slots,
+                       .valid_counts = valid_counts},
+                      stream);
+
+  // q_lat[i, h] = W_UK(h)^T q_nope[t_i, h]. Column-major per head: C (512 x n) = A (512 x 128) * B (128 x n),
+  // with A = W_UK(h) read as its transpose (row-major [128, 512] = column-major 512 x 128, ld 512).
+  const std::int64_t first_row = plan.sparse_tokens.front();
+  std::uint16_t* q_nope_compact = sparse_contiguous_ ? nullptr : o_lat;  // o_lat is idle until the sparse kernel
+  launch_prepare_sparse_query({.q = in.q,
+                               .tokens = sparse_tokens_.data(),
+                               .num_tokens = n,
+                               .num_heads = heads,
+                               .q_nope = q_nope_compact,
+                               .q_abs = q_abs},
+                              stream);
+  const std::uint16_t* q_nope = sparse_contiguous_ ? in.q + first_row * heads * kQkHeadDim : q_nope_compact;
+  const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
+  const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
+  constexpr long long kWeightStride = static_cast<long long>(kKvBRowsPerHead) * kLatentDim;  // one head of w_kv_b
+  gemm_bf16(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
+            q_nope_ld, q_nope_stride, q_abs, heads * kLatentKeyDim, kLatentKeyDim, heads);
+
+  SparseMlaParams sp;
+  sp.q = reinterpret_cast<const __nv_bfloat16*>(q_abs);
+  sp.kv_cache = in.kv_cache;
+  sp.num_slots = plan.num_cache_slots;
+  sp.format = plan.options.cache_format;
+  sp.k_scale = in.k_scale;
+  sp.q_scale = in.q_scale;
+  sp.slots = slots;
+  sp.valid_counts = valid_counts;
+  sp.num_tokens = n;
+  sp.num_heads = heads;
+  sp.topk = topk;
+  sp.softmax_scale = in.softmax_scale;
+  sp.o_lat = reinterpret_cast<__nv_bfloat16*>(o_lat);
+  sp.lse = in.lse;
+  sp.lse_rows = sparse_rows_.data();
+  sp.workspace = split_bytes_ > 0 ? static_cast<std::uint8_t*>(workspace) + sparse_split_offset(plan) : nullptr;
+  launch_sparse_mla(sp, stream);
+  check_launch("launch_sparse_mla");
+
+  // out[t_i, h*128 : h*128+128] = W_UV(h) o_lat[i, h]. Column-major per head: C (128 x n) = A^T (128 x 512) *
+  // B (512 x n), A = W_UV(h) read as column-major 512 x 128 (ld 512), hence op T.
+  const int out_ld = heads * kVHeadDim;
+  std::uint16_t* out_rows = sparse_contiguous_ ? in.out + first_row * out_ld : q_abs;  // q_abs is consumed
+  gemm_bf16(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kVHeadDim, n, kLatentDim, in.w_kv_b + kNopeDim * kLatentDim,
+            kLatentDim, kWeightStride, o_lat, heads * kLatentDim, kLatentDim, out_rows, out_ld, kVHeadDim, heads);
+  if (!sparse_contiguous_)
+    launch_scatter_rows(
+        {.compact = out_rows, .tokens = sparse_tokens_.data(), .num_tokens = n, .row_elems = out_ld, .out = in.out},
+        stream);
+}
+
+void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
+  const int heads = plan.options.num_heads;
+  const int kv_rows = static_cast<int>(plan.dense_kv_rows);
+  auto* latent = region<std::uint16_t>(workspace, plan.ws_dense_latent);  // [kv_rows, 576]
+  auto* kv_up = region<std::uint16_t>(workspace, plan.ws_dense_kv);       // [kv_rows, H, 256]
+
+  launch_gather_latent({.rows = dense_rows_.data(),
+                        .num_rows = kv_rows,
+                        .kv_c = in.kv_c,
+                        .k_pe = in.k_pe,
+                        .kv_cache = in.kv_cache,
+                        .block_table = in.block_table,
+                        .max_blocks_per_request = plan.max_blocks_per_request,
+                        .block_size = plan.block_size,
+                        .num_blocks = plan.num_cache_slots / plan.block_size,
+                        .format = plan.options.cache_format,
+                        .k_scale = in.k_scale,
+                        .latent = latent},
+                       stream);
+
+  // kv_up[rows, H*256] = latent[:, :512] @ w_kv_b^T. Column-major: C (H*256 x rows) = A^T (H*256 x 512) *
+  // B (512 x rows), A = w_kv_b as column-major 512 x H*256, B = the latent rows (ld 576, first 512 values).
+  const int up_cols = heads * kKvBRowsPerHead;
+  gemm_bf16(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, up_cols, kv_rows, kLatentDim, in.w_kv_b, kLatentDim, 0, latent,
+            kLatentKeyDim, 0, kv_up, up_cols, 0, 1);
+
+  DenseMhaParams dp;
+  dp.q = reinterpret_cast<const __nv_bfloat16*>(in.q);
+  dp.kv_up = reinterpret_cast<const __nv_bfloat16*>(kv_up);
+  dp.latent = reinterpret_cast<const __nv_bfloat16*>(latent);
+  dp.requests = dense_requests_.data();
+  dp.work = dense_work_.data();
+  dp.num_work_items = static_cast<int>(dense_work_.size());
+  dp.num_heads = heads;
+  dp.softmax_scale = in.softmax_scale;
+  dp.out = reinterpret_cast<__nv_bfloat16*>(in.out);
+  dp.lse = in.lse;
+  launch_dense_mha(dp, stream);
+  check_launch("launch_dense_mha");
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<BackendImpl> make_cuda_backend(const PlanOptions& options) {
+  return std::make_unique<cuda::CudaBackend>(options);
+}
+
+}  // namespace dsmla

@@ -1,0 +1,65 @@
+// Same-run ceilings of `dsmla bench` (DESIGN §7): the rate of a large bf16
+// GEMM through cuBLAS and the bandwidth of a large device-to-device copy.
+// Every kernel's numbers are reported as fractions of these two.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/bench/bench_device.hpp"
+
+namespace dsmla::cuda::bench {
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw Error(std::string("cuBLAS error in ") + what + ": status " +
+                std::to_string(static_cast<int>(status)));
+  }
+}
+
+struct CublasHandle {
+  cublasHandle_t handle = nullptr;
+  CublasHandle() { check_cublas(cublasCreate(&handle), "cublasCreate"); }
+  ~CublasHandle() { cublasDestroy(handle); }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+};
+
+}  // namespace
+
+std::vector<float> time_cublas_gemm_bf16(int n, int warmup, int repeats) {
+  if (n < 1) throw Error("GEMM size " + std::to_string(n) + " < 1");
+  const std::size_t elements = static_cast<std::size_t>(n) * n;
+  DeviceBuffer a(elements * 2), b(elements * 2), c(elements * 2);
+  Stream stream;
+  // Random data: a GEMM on zeros runs measurably faster (less switching power).
+  fill_random_bf16(a.as<std::uint16_t>(), elements, 1.0f, 0xA11CE, stream.handle());
+  fill_random_bf16(b.as<std::uint16_t>(), elements, 1.0f, 0xB0B, stream.handle());
+  CublasHandle cublas;
+  check_cublas(cublasSetStream(cublas.handle, static_cast<cudaStream_t>(stream.handle())),
+               "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  return time_with_events(stream.handle(), warmup, repeats, [&](int) {
+    check_cublas(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(),
+                              CUDA_R_16BF, n, b.data(), CUDA_R_16BF, n, &beta, c.data(),
+                              CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  });
+}
+
+std::vector<float> time_device_copy(std::size_t bytes, int warmup, int repeats) {
+  DeviceBuffer src(bytes), dst(bytes);
+  Stream stream;
+  fill_random_bf16(src.as<std::uint16_t>(), bytes / 2, 1.0f, 0xC0B7, stream.handle());
+  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle());
+  return time_with_events(stream.handle(), warmup, repeats, [&](int) {
+    const cudaError_t status = cudaMemcpyAsync(dst.data(), src.data(), bytes,
+                                               cudaMemcpyDeviceToDevice, s);
+    if (status != cudaSuccess) {
+      throw Error(std::string("cudaMemcpyAsync: ") + cudaGetErrorString(status));
+    }
+  });
+}
+
+}  // namespace dsmla::cuda::bench

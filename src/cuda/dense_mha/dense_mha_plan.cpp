@@ -1,0 +1,49 @@
+// Host side of the dense MHA kernel: request conversion and the work schedule.
+#include <algorithm>
+#include <string>
+
+#include "cuda/dense_mha/dense_mha.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda {
+
+std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseRequest> requests) {
+  std::vector<DenseMhaRequest> out;
+  out.reserve(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const DenseRequest& r = requests[i];
+    const std::string who = "dense request " + std::to_string(i) + " (batch request " + std::to_string(r.request) + ")";
+    if (r.q_start < 0) throw Error(who + ": q_start " + std::to_string(r.q_start) + " is negative");
+    if (r.q_len < 0) throw Error(who + ": q_len " + std::to_string(r.q_len) + " is negative");
+    if (r.ctx_len < 0) throw Error(who + ": ctx_len " + std::to_string(r.ctx_len) + " is negative");
+    if (r.kv_row_start < 0) throw Error(who + ": kv_row_start " + std::to_string(r.kv_row_start) + " is negative");
+    if (static_cast<std::int64_t>(r.ctx_len) + r.q_len != r.seq_len)
+      throw Error(who + ": seq_len " + std::to_string(r.seq_len) + " != ctx_len " + std::to_string(r.ctx_len) +
+                  " + q_len " + std::to_string(r.q_len));
+    out.push_back(DenseMhaRequest{r.q_start, r.q_len, r.ctx_len, 0, r.kv_row_start});
+  }
+  return out;
+}
+
+std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests) {
+  struct Keyed {
+    std::int64_t key_tiles;
+    DenseMhaWorkItem item;
+  };
+  std::vector<Keyed> items;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    const DenseRequest& req = requests[r];
+    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile) {
+      const std::int64_t last_key = static_cast<std::int64_t>(req.ctx_len) + std::min(m0 + kDenseMhaQueryTile, req.q_len) - 1;
+      items.push_back({last_key / kDenseMhaKeyTile + 1, DenseMhaWorkItem{static_cast<std::int32_t>(r), m0}});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Keyed& a, const Keyed& b) { return a.key_tiles > b.key_tiles; });
+  std::vector<DenseMhaWorkItem> out;
+  out.reserve(items.size());
+  for (const Keyed& k : items) out.push_back(k.item);
+  return out;
+}
+
+}  // namespace dsmla::cuda

@@ -1,0 +1,618 @@
+// Sparse MLA forward kernel (DESIGN §2, absorbed "MQA" path) for sm_90a.
+//
+// Work split
+//   One CTA per (token, group of up to 64 heads, split of the top-k range);
+//   256 threads = 8 warps in two "head groups" of 4 warps, each owning 32 heads.
+//   All heads share the keys (MQA), so a tile of 64 keys is gathered once per
+//   CTA and serves all 64 heads, for both products:
+//     S = Q K^T  : warp (group g, w = 0..3) computes heads [16*(w/2), +16) of its
+//                  group against keys [32*(w%2), +32) of the tile, full 576 dims
+//                  (16 fp32 accumulators per thread).
+//     O += P V   : warp w of group g owns O[32 heads x 128 columns 128w..] in
+//                  registers (128 fp32 per thread); V = the first 512 columns of
+//                  the same smem key tile, P comes from smem.
+//   Online softmax in the log2 domain: the two key-halves of a head exchange
+//   their tile row-maxima through smem; every warp of a group then derives the
+//   same running max for its 32 heads, so O is rescaled locally; row sums are
+//   kept per key-half and added in the epilogue. Tensor cores: mma.sync
+//   m16n8k16 bf16 -> fp32, operands through ldmatrix (V with .trans).
+//   Heads beyond num_heads in a partial group run on zero queries and are not
+//   stored; a group with no head at all only helps loading.
+//
+// Shared memory (230,656 B; rows of 1152 B = 72 chunks of 16 B, chunk c of
+// row r stored at chunk c ^ (r & 7) so that ldmatrix is conflict-free)
+//   Q      [64 heads][576] bf16                  73,728 B (loaded once)
+//   K[2]   [64 keys][576] bf16, double buffer   147,456 B
+//   P      [64 heads][64 keys] bf16 (128 B rows)  8,192 B
+//   red    [2 groups][2 key halves][32] fp32         512 B (row maxima, then sums)
+//   slots  [3][64] int32 ring of the slot numbers of tiles t, t+1, t+2
+//
+// Pipeline (tile t, key buffer t&1)
+//   top:  wait for this thread's cp.async groups, __syncthreads
+//         bf16 cache: cp.async gather of tile t+1 into K[(t+1)&1] (zero-filled
+//         for empty / out-of-range slots, which are never read), and the slot
+//         numbers of tile t+2 into the ring; one commit group.
+//         fp8 caches: the gather of tile t+1 goes through registers in two
+//         halves: global loads issued before S (resp. before P V) and
+//         dequantised into K[(t+1)&1] as bf16 after it, so the loads' latency
+//         hides behind the tensor-core work.
+//   S, mask (key index >= valid count or slot out of range -> -inf), row max
+//   -> smem, __syncthreads, rescale O, P = exp2(S - m) -> smem, __syncthreads,
+//   O += P V.
+//   Split-KV (decode): the CTA of split z covers top-k positions
+//   [z*split_keys, (z+1)*split_keys) and writes normalised fp32 O and lse to the
+//   workspace; sparse_mla_combine_kernel merges the splits.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/sparse_mla/sparse_mla.hpp"
+#include "dsmla/format.hpp"
+
+namespace dsmla::cuda::sparse_mla_detail {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kHeadsPerCta = 64;
+inline constexpr int kTileKeys = 64;
+inline constexpr int kKeyDim = kLatentKeyDim;      // 576
+inline constexpr int kValueDim = kLatentDim;       // 512
+inline constexpr int kRowBytes = kKeyDim * 2;      // one bf16 row of Q / K in smem
+inline constexpr int kRowChunks = kRowBytes / 16;  // 72
+
+// Byte offsets into dynamic shared memory.
+inline constexpr int kSmemQ = 0;
+inline constexpr int kSmemK = kSmemQ + kHeadsPerCta * kRowBytes;
+inline constexpr int kSmemKBytes = kTileKeys * kRowBytes;
+inline constexpr int kSmemP = kSmemK + 2 * kSmemKBytes;
+inline constexpr int kSmemRed = kSmemP + kHeadsPerCta * kTileKeys * 2;
+inline constexpr int kSmemSlots = kSmemRed + 2 * 2 * 32 * 4;
+inline constexpr int kSmemBytes = kSmemSlots + 3 * kTileKeys * 4;
+
+struct KernelArgs {
+  SparseMlaParams p;
+  int split_keys = 0;          // top-k positions per split, a multiple of kTileKeys
+  int num_splits = 1;
+  float* part_lse = nullptr;   // [num_splits, num_tokens, num_heads] (num_splits > 1)
+  float* part_o = nullptr;     // [num_splits, num_tokens, num_heads, 512]
+};
+
+// Launches the attention kernel for one cache format (one instantiation per .cu).
+template <CacheFormat F>
+void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream);
+
+// ---------------------------------------------------------------- PTX helpers
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_4(std::uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile (bf16 in, fp32 accumulate).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void st_shared_16(std::uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+__device__ __forceinline__ std::uint32_t swz(int row, int row_bytes, int chunk) {
+  return static_cast<std::uint32_t>(row * row_bytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// Two e4m3 (low byte first) -> bf16x2 of value * scale.
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2(std::uint16_t two, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack_bf16x2(f.x * scale, f.y * scale);
+}
+
+// 16 e4m3 -> 16 bf16 (value * scale), as two 16-byte chunks.
+__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 raw, float scale, uint4& lo, uint4& hi) {
+  lo.x = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.x), scale);
+  lo.y = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.x >> 16), scale);
+  lo.z = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.y), scale);
+  lo.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.y >> 16), scale);
+  hi.x = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.z), scale);
+  hi.y = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.z >> 16), scale);
+  hi.z = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w), scale);
+  hi.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w >> 16), scale);
+}
+
+// bf16 -> e4m3(x / q_scale) * q_scale -> bf16: the fp8 cache's query convention.
+__device__ __forceinline__ std::uint32_t fake_quant_bf16x2(std::uint32_t two, float q_scale) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&two));
+  const __nv_fp8_storage_t e0 = __nv_cvt_float_to_fp8(f.x / q_scale, __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8_storage_t e1 = __nv_cvt_float_to_fp8(f.y / q_scale, __NV_SATFINITE, __NV_E4M3);
+  return e4m3x2_to_bf16x2(static_cast<std::uint16_t>(e0 | (e1 << 8)), q_scale);
+}
+
+// ---------------------------------------------------------------- fp8 gather
+
+// Gather of one key tile from an fp8 cache through registers. The tile is cut
+// into 16-byte source chunks, kChunksPerKey per key:
+//   fp8_ds_mla: 32 chunks of 16 e4m3 kv_c values (scale = the chunk's tile scale)
+//               + 8 chunks of 8 bf16 k_pe values (copied as they are);
+//   fp8:        36 chunks of 16 e4m3 values (scale = k_scale).
+// Thread `tid` handles chunks tid + 256*i; part 0 is i < kPart0, part 1 the rest.
+template <CacheFormat F>
+struct Fp8Gather {
+  static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
+  static constexpr int kChunksPerKey = kDsMla ? 40 : 36;
+  static constexpr int kPerThread = kTileKeys * kChunksPerKey / kThreads;  // 10 or 9
+  // Part 0 is held in registers across S = Q K^T, which keeps more registers
+  // live than P V does, so it is the smaller part.
+  static constexpr int kPart0 = 4;
+  static constexpr int kMaxPart = kPerThread - kPart0;
+  static_assert(kTileKeys * kChunksPerKey % kThreads == 0);
+  static constexpr int kBytesPerToken = kDsMla ? kDsMlaRopeOffset + 2 * kRopeDim : kLatentKeyDim;
+
+  uint4 raw[kMaxPart];
+  float scale[kMaxPart];
+
+  template <int kPart>
+  static constexpr int part_begin() { return kPart == 0 ? 0 : kPart0; }
+  template <int kPart>
+  static constexpr int part_count() { return kPart == 0 ? kPart0 : kPerThread - kPart0; }
+
+  // ok(key) says whether key `key` of the tile is valid; slot(key) its slot.
+  template <int kPart, class KeyOk, class SlotOf>
+  __device__ __forceinline__ void load(const std::uint8_t* __restrict__ cache, float k_scale, int tid,
+                                       KeyOk ok, SlotOf slot) {
+#pragma unroll
+    for (int u = 0; u < part_count<kPart>(); ++u) {
+      const int c = tid + kThreads * (part_begin<kPart>() + u);
+      const int key = c / kChunksPerKey;
+      const int ch = c - key * kChunksPerKey;
+      raw[u] = make_uint4(0, 0, 0, 0);
+      scale[u] = 0.f;
+      if (ok(key)) {
+        const std::uint8_t* row = cache + static_cast<std::int64_t>(slot(key)) * kBytesPerToken;
+        if constexpr (kDsMla) {
+          if (ch < 32) {
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(row + ch * 16));
+            scale[u] = __ldg(reinterpret_cast<const float*>(row + kDsMlaScaleOffset) + ch / 8);
+          } else {
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + (ch - 32) * 16));
+          }
+        } else {
+          raw[u] = __ldg(reinterpret_cast<const uint4*>(row + ch * 16));
+          scale[u] = k_scale;
+        }
+      }
+    }
+  }
+
+  // Writes the loaded part as bf16 into the key tile at smem address `kbuf`.
+  template <int kPart>
+  __device__ __forceinline__ void store(std::uint32_t kbuf, int tid) const {
+#pragma unroll
+    for (int u = 0; u < part_count<kPart>(); ++u) {
+      const int c = tid + kThreads * (part_begin<kPart>() + u);
+      const int key = c / kChunksPerKey;
+      const int ch = c - key * kChunksPerKey;
+      if (kDsMla && ch >= 32) {
+        st_shared_16(kbuf + swz(key, kRowBytes, 64 + (ch - 32)), raw[u]);
+      } else {
+        uint4 lo, hi;
+        e4m3x16_to_bf16(raw[u], scale[u], lo, hi);
+        // Odd chunks store their upper half first: neighbouring threads then
+        // hit all eight 16-byte bank groups in each store instruction.
+        const std::uint32_t a_lo = kbuf + swz(key, kRowBytes, 2 * ch);
+        const std::uint32_t a_hi = kbuf + swz(key, kRowBytes, 2 * ch + 1);
+        if (ch & 1) {
+          st_shared_16(a_hi, hi);
+          st_shared_16(a_lo, lo);
+        } else {
+          st_shared_16(a_lo, lo);
+          st_shared_16(a_hi, hi);
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------- the kernel
+
+template <CacheFormat F>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArgs args) {
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  constexpr bool kBf16Cache = F == CacheFormat::bf16;
+  const SparseMlaParams& p = args.p;
+
+  const int token = blockIdx.x;
+  const int h0 = blockIdx.y * kHeadsPerCta;
+  const int heads_here = min(kHeadsPerCta, p.num_heads - h0);
+  const int split = blockIdx.z;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int grp = warp >> 2;          // head group: heads [32*grp, +32) of the CTA
+  const int wig = warp & 3;           // warp in group
+  const int s_heads = wig >> 1;       // S role: heads [16*s_heads, +16) of the group
+  const int s_keys = wig & 1;         // S role: keys [32*s_keys, +32) of the tile
+  const int o_cols = wig;             // PV role: O columns [128*o_cols, +128)
+  const bool grp_active = 32 * grp < heads_here;
+  const int g = lane >> 2;            // mma fragment row
+  const int tq = lane & 3;            // mma fragment column pair
+  const int r7 = lane & 7;            // swizzle phase of every ldmatrix row this lane addresses
+
+  const int count = min(max(p.valid_counts[token], 0), p.topk);
+  const int key_begin = split * args.split_keys;
+  const int key_end = min(key_begin + args.split_keys, count);
+  const int num_tiles = key_end > key_begin ? (key_end - key_begin + kTileKeys - 1) / kTileKeys : 0;
+  const std::int32_t* __restrict__ slot_row = p.slots + static_cast<std::int64_t>(token) * p.topk;
+  const std::uint8_t* __restrict__ cache = p.kv_cache;
+  const std::int64_t num_slots = p.num_slots;
+
+  const std::uint32_t s_base = smem_addr(smem);
+  const std::uint32_t sQ = s_base + kSmemQ;
+  const std::uint32_t sK = s_base + kSmemK;
+  const std::uint32_t sP = s_base + kSmemP;
+  float* red = reinterpret_cast<float*>(smem + kSmemRed);       // [grp][key half][32]
+  std::int32_t* ring = reinterpret_cast<std::int32_t*>(smem + kSmemSlots);  // [3][64]
+
+  // Slot numbers of tile t land in ring[t % 3] two tiles ahead of use.
+  auto issue_slots = [&](int t) {
+    if (tid < kTileKeys) {
+      const int idx = key_begin + t * kTileKeys + tid;
+      const bool in = idx < key_end;
+      cp_async_4(smem_addr(ring + (t % 3) * kTileKeys + tid), slot_row + (in ? idx : 0), in ? 4 : 0);
+    }
+  };
+  auto key_ok = [&](int t, int key) {
+    const std::int32_t s = ring[(t % 3) * kTileKeys + key];
+    return key_begin + t * kTileKeys + key < key_end && s >= 0 && s < num_slots;
+  };
+
+  // bf16 cache: 64 keys x 72 chunks, 18 cp.async per thread.
+  auto issue_tile_bf16 = [&](int t) {
+    const std::uint32_t kbuf = sK + (t & 1) * kSmemKBytes;
+#pragma unroll 6
+    for (int i = 0; i < kTileKeys * kRowChunks / kThreads; ++i) {
+      const int c = tid + kThreads * i;
+      const int key = c / kRowChunks;
+      const int ch = c - key * kRowChunks;
+      const bool ok = key_ok(t, key);
+      const std::int64_t slot = ok ? ring[(t % 3) * kTileKeys + key] : 0;
+      cp_async_16(kbuf + swz(key, kRowBytes, ch), cache + slot * kRowBytes + ch * 16, ok ? 16 : 0);
+    }
+  };
+
+  // ---- prologue: query and the first tile
+  if (num_tiles > 0) {
+    issue_slots(0);
+    const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(token) * p.num_heads + h0) * kKeyDim;
+    if constexpr (F == CacheFormat::fp8) {
+      const float q_scale = p.q_scale;
+#pragma unroll 6
+      for (int i = 0; i < kHeadsPerCta * kRowChunks / kThreads; ++i) {
+        const int c = tid + kThreads * i;
+        const int row = c / kRowChunks;
+        const int ch = c - row * kRowChunks;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row < heads_here) {
+          v = __ldg(reinterpret_cast<const uint4*>(q_cta + row * kKeyDim) + ch);
+          v.x = fake_quant_bf16x2(v.x, q_scale);
+          v.y = fake_quant_bf16x2(v.y, q_scale);
+          v.z = fake_quant_bf16x2(v.z, q_scale);
+          v.w = fake_quant_bf16x2(v.w, q_scale);
+        }
+        st_shared_16(sQ + swz(row, kRowBytes, ch), v);
+      }
+    } else {
+#pragma unroll 6
+      for (int i = 0; i < kHeadsPerCta * kRowChunks / kThreads; ++i) {
+        const int c = tid + kThreads * i;
+        const int row = c / kRowChunks;
+        const int ch = c - row * kRowChunks;
+        const bool in = row < heads_here;
+        cp_async_16(sQ + swz(row, kRowBytes, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    if constexpr (kBf16Cache) {
+      issue_tile_bf16(0);
+    } else {
+      Fp8Gather<F> gather;
+      auto ok = [&](int key) { return key_ok(0, key); };
+      auto slot = [&](int key) { return ring[key]; };
+      gather.template load<0>(cache, p.k_scale, tid, ok, slot);
+      gather.template store<0>(sK, tid);
+      gather.template load<1>(cache, p.k_scale, tid, ok, slot);
+      gather.template store<1>(sK, tid);
+    }
+    if (num_tiles > 1) issue_slots(1);
+    cp_async_commit();
+  }
+
+  // ---- per-lane ldmatrix addressing
+  // S = Q K^T: A rows = this warp's 16 heads, B rows = its 32 keys (two x4 loads of 16 keys).
+  const std::uint32_t q_lane = sQ + (32 * grp + 16 * s_heads + (lane & 15)) * kRowBytes;
+  const int q_sel = lane >> 4;
+  const std::uint32_t k_lane_off = (32 * s_keys + (lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
+  const int k_sel = (lane >> 3) & 1;
+  // O += P V: A rows = P of the group's 32 heads (two m-tiles), B = V rows (keys), .trans.
+  const std::uint32_t p_lane = sP + (32 * grp + (lane & 15)) * (kTileKeys * 2);
+  const std::uint32_t v_lane_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes;
+  const int v_sel = lane >> 4;
+
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float o[2][16][4];  // [m-tile: heads 16*mt..][n-tile: 8 columns][fragment]
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
+  // Running max (log2 domain) of O rows 16*mt + 8*hi + g; row sums of S rows 16*s_heads + 8*hi + g
+  // over this warp's key half.
+  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+  float l_run[2] = {0.f, 0.f};
+
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait_all();
+    __syncthreads();  // tile t and the slots of tile t+1 are in smem; tile t-1 is consumed
+    if constexpr (kBf16Cache) {
+      if (t + 1 < num_tiles) issue_tile_bf16(t + 1);
+    }
+    if (t + 2 < num_tiles) issue_slots(t + 2);
+    cp_async_commit();
+
+    const std::uint32_t kbuf = sK + (t & 1) * kSmemKBytes;
+    const std::uint32_t kbuf_next = sK + ((t + 1) & 1) * kSmemKBytes;
+    const bool gather_next = !kBf16Cache && t + 1 < num_tiles;
+    Fp8Gather<F> gather;
+    auto ok_next = [&](int key) { return key_ok(t + 1, key); };
+    auto slot_next = [&](int key) { return ring[((t + 1) % 3) * kTileKeys + key]; };
+    if constexpr (!kBf16Cache) {
+      if (gather_next) gather.template load<0>(cache, p.k_scale, tid, ok_next, slot_next);
+    }
+
+    // ---- S = Q K^T for 16 heads x 32 keys
+    float s[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+    if (grp_active) {
+      const std::uint32_t k_lane = kbuf + k_lane_off;
+#pragma unroll 3
+      for (int kb = 0; kb < kRowChunks / 8; ++kb) {  // 64 dims = one 8-chunk swizzle group
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t a[4], b0[4], b1[4];
+          ldsm_x4(a, q_lane + kb * 128 + (((2 * j + q_sel) ^ r7) << 4));
+          const std::uint32_t koff = kb * 128 + (((2 * j + k_sel) ^ r7) << 4);
+          ldsm_x4(b0, k_lane + koff);
+          ldsm_x4(b1, k_lane + 16 * kRowBytes + koff);
+          mma_bf16(s[0], a, b0[0], b0[1]);
+          mma_bf16(s[1], a, b0[2], b0[3]);
+          mma_bf16(s[2], a, b1[0], b1[1]);
+          mma_bf16(s[3], a, b1[2], b1[3]);
+        }
+      }
+    }
+    if constexpr (!kBf16Cache) {
+      if (gather_next) gather.template store<0>(kbuf_next, tid);
+    }
+
+    // ---- mask, scale, tile row maxima of this warp's S rows
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (grp_active) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool ok = key_ok(t, 32 * s_keys + 8 * nt + 2 * tq + e);
+          s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
+          s[nt][2 + e] = ok ? s[nt][2 + e] * scale_log2 : -INFINITY;
+          mx[0] = fmaxf(mx[0], s[nt][e]);
+          mx[1] = fmaxf(mx[1], s[nt][2 + e]);
+        }
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+      }
+      if (tq == 0) {
+        red[(grp * 2 + s_keys) * 32 + 16 * s_heads + g] = mx[0];
+        red[(grp * 2 + s_keys) * 32 + 16 * s_heads + 8 + g] = mx[1];
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax: every warp of the group derives the same running max
+    if (grp_active) {
+      float m_sub[2][2], alpha[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int r = 16 * mt + 8 * hi + g;
+          const float tile_max = fmaxf(red[(grp * 2) * 32 + r], red[(grp * 2 + 1) * 32 + r]);
+          const float m_new = fmaxf(m_run[mt][hi], tile_max);
+          // A row with no valid key so far keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
+          m_sub[mt][hi] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[mt][hi] = fast_exp2(m_run[mt][hi] - m_sub[mt][hi]);
+          m_run[mt][hi] = m_new;
+        }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          o[mt][nt][0] *= alpha[mt][0];
+          o[mt][nt][1] *= alpha[mt][0];
+          o[mt][nt][2] *= alpha[mt][1];
+          o[mt][nt][3] *= alpha[mt][1];
+        }
+      const std::uint32_t p_row_lo = sP + (32 * grp + 16 * s_heads + g) * (kTileKeys * 2);
+      const std::uint32_t p_row_hi = p_row_lo + 8 * (kTileKeys * 2);
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float msub = s_heads ? m_sub[1][hi] : m_sub[0][hi];
+        const float a = s_heads ? alpha[1][hi] : alpha[0][hi];
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const float p0 = fast_exp2(s[nt][2 * hi] - msub);
+          const float p1 = fast_exp2(s[nt][2 * hi + 1] - msub);
+          sum += p0 + p1;
+          const std::uint32_t chunk = static_cast<std::uint32_t>((4 * s_keys + nt) ^ g);
+          const std::uint32_t addr = (hi ? p_row_hi : p_row_lo) + (chunk << 4) + tq * 4;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16x2(p0, p1)) : "memory");
+        }
+        l_run[hi] = l_run[hi] * a + sum;
+      }
+    }
+    if constexpr (!kBf16Cache) {
+      if (gather_next) gather.template load<1>(cache, p.k_scale, tid, ok_next, slot_next);
+    }
+    __syncthreads();
+
+    // ---- O += P V for 32 heads x 128 columns
+    if (grp_active) {
+      const std::uint32_t v_lane = kbuf + v_lane_off;
+#pragma unroll
+      for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+        std::uint32_t a0[4], a1[4];
+        ldsm_x4(a0, p_lane + (((2 * ks + q_sel) ^ r7) << 4));
+        ldsm_x4(a1, p_lane + 16 * (kTileKeys * 2) + (((2 * ks + q_sel) ^ r7) << 4));
+#pragma unroll
+        for (int np = 0; np < 8; ++np) {
+          std::uint32_t b[4];
+          const int chunk = 16 * o_cols + 2 * np + v_sel;
+          ldsm_x4_trans(b, v_lane + ks * 16 * kRowBytes + ((chunk ^ r7) << 4));
+          mma_bf16(o[0][2 * np], a0, b[0], b[1]);
+          mma_bf16(o[0][2 * np + 1], a0, b[2], b[3]);
+          mma_bf16(o[1][2 * np], a1, b[0], b[1]);
+          mma_bf16(o[1][2 * np + 1], a1, b[2], b[3]);
+        }
+      }
+    }
+    if constexpr (!kBf16Cache) {
+      if (gather_next) gather.template store<1>(kbuf_next, tid);
+    }
+  }
+
+  // ---- epilogue: add the two key halves' row sums, normalise, store
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 1);
+    l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 2);
+  }
+  if (grp_active && tq == 0) {
+    red[(grp * 2 + s_keys) * 32 + 16 * s_heads + g] = l_run[0];
+    red[(grp * 2 + s_keys) * 32 + 16 * s_heads + 8 + g] = l_run[1];
+  }
+  __syncthreads();
+  if (!grp_active) return;
+
+  const bool split_mode = args.num_splits > 1;
+  const std::int64_t out_row0 =
+      split_mode ? (static_cast<std::int64_t>(split) * p.num_tokens + token) * p.num_heads
+                 : static_cast<std::int64_t>(token) * p.num_heads;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = 16 * mt + 8 * hi + g;
+      if (32 * grp + r >= heads_here) continue;
+      const int head = h0 + 32 * grp + r;
+      const float l = red[(grp * 2) * 32 + r] + red[(grp * 2 + 1) * 32 + r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? (m_run[mt][hi] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+      const std::int64_t row = out_row0 + head;
+      if (split_mode) {
+        float* dst = args.part_o + row * kValueDim + 128 * o_cols + 2 * tq;
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+          *reinterpret_cast<float2*>(dst + 8 * nt) =
+              make_float2(o[mt][nt][2 * hi] * inv, o[mt][nt][2 * hi + 1] * inv);
+        if (o_cols == 0 && tq == 0) args.part_lse[row] = lse;
+      } else {
+        __nv_bfloat16* dst = p.o_lat + row * kValueDim + 128 * o_cols + 2 * tq;
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+          *reinterpret_cast<std::uint32_t*>(dst + 8 * nt) =
+              pack_bf16x2(o[mt][nt][2 * hi] * inv, o[mt][nt][2 * hi + 1] * inv);
+        if (o_cols == 0 && tq == 0 && p.lse != nullptr) {
+          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[token] : token;
+          p.lse[lse_row * p.num_heads + head] = lse;
+        }
+      }
+    }
+}
+
+template <CacheFormat F>
+void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
+  const auto kernel = sparse_mla_kernel<F>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) {
+    throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
+                " bytes of shared memory per block (needs sm_90): " + cudaGetErrorString(err));
+  }
+  const dim3 grid(static_cast<unsigned>(args.p.num_tokens),
+                  static_cast<unsigned>((args.p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta),
+                  static_cast<unsigned>(args.num_splits));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+}
+
+}  // namespace dsmla::cuda::sparse_mla_detail
+
+namespace dsmla::cuda::sparse_mla_detail {
+// Each format is compiled in its own translation unit (sparse_mla_<format>.cu).
+extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, cudaStream_t);
+}  // namespace dsmla::cuda::sparse_mla_detail

@@ -1,0 +1,342 @@
+// Dense causal varlen MHA kernel (src/cuda/dense_mha) against a float CPU
+// reference written here: several requests of different q_len / ctx_len
+// (q_len 1, ctx 0, ctx > 0, lengths that are not multiples of the tiles), in
+// a scrambled row order with rows that belong to no request, for H 16..128.
+// Outputs are poisoned before the run: every dense row must be written, the
+// others must keep the poison.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/dense_mha/dense_mha.hpp"
+#include "dsmla/format.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda {
+namespace {
+
+constexpr std::uint16_t kPoisonBf16 = 0xFFFF;     // a NaN
+constexpr std::uint32_t kPoisonLse = 0xFFFFFFFFu;  // a NaN
+
+bool gpu_visible() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+#define ASSERT_CUDA(x)                                                   \
+  do {                                                                   \
+    const cudaError_t err_ = (x);                                        \
+    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+// Device buffer that frees itself.
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t n) {
+    if (cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+DenseRequest dense_request(int request, int q_start, int q_len, int ctx_len, std::int64_t kv_row_start) {
+  return DenseRequest{request, q_start, q_len, ctx_len, ctx_len + q_len, kv_row_start};
+}
+
+// Rows 0..(T-1) of q / out, rows of kv_up / latent; deliberately out of order
+// and with holes (rows no request owns) in both.
+struct Batch {
+  std::vector<DenseRequest> requests;
+  int num_rows = 0;       // T
+  std::int64_t kv_rows = 0;
+};
+
+Batch mixed_batch() {
+  Batch b;
+  // (q_len, ctx_len) pairs: a lone token, a token over a context, two tiles
+  // of query with a ragged tail, ragged context + ragged query, three tiles,
+  // a short chunk over a long prefix, and an empty query.
+  const int shapes[][2] = {{1, 0}, {1, 200}, {150, 0}, {129, 70}, {300, 45}, {64, 400}, {0, 30}, {17, 1}};
+  const int n = static_cast<int>(std::size(shapes));
+  // Query rows are laid out in reverse request order with one unowned row
+  // between requests; kv rows in request order with 5 unused rows between.
+  int q_row = 1;  // row 0 is unowned
+  std::int64_t kv_row = 3;
+  std::vector<int> q_starts(n);
+  for (int i = n - 1; i >= 0; --i) {
+    q_starts[i] = q_row;
+    q_row += shapes[i][0] + 1;
+  }
+  for (int i = 0; i < n; ++i) {
+    b.requests.push_back(dense_request(i, q_starts[i], shapes[i][0], shapes[i][1], kv_row));
+    kv_row += shapes[i][0] + shapes[i][1] + 5;
+  }
+  b.num_rows = q_row;
+  b.kv_rows = kv_row;
+  return b;
+}
+
+std::vector<std::uint16_t> random_bf16(std::size_t n, float amplitude, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-amplitude, amplitude);
+  std::vector<std::uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(dist(rng));
+  return v;
+}
+
+struct Reference {
+  std::vector<float> out;  // [q_len, 128]
+  std::vector<float> lse;  // [q_len]
+};
+
+// Float reference of one request and head, straight from the definition.
+Reference reference(const DenseRequest& r, int h, int H, const std::vector<std::uint16_t>& q,
+                    const std::vector<std::uint16_t>& kv_up, const std::vector<std::uint16_t>& latent,
+                    float scale) {
+  const int seq = r.ctx_len + r.q_len;
+  std::vector<float> k(static_cast<std::size_t>(seq) * kQkHeadDim), v(static_cast<std::size_t>(seq) * kVHeadDim);
+  for (int s = 0; s < seq; ++s) {
+    const std::size_t row = static_cast<std::size_t>(r.kv_row_start + s);
+    for (int d = 0; d < kNopeDim; ++d) k[s * kQkHeadDim + d] = bf16_to_float(kv_up[(row * H + h) * 256 + d]);
+    for (int d = 0; d < kRopeDim; ++d)
+      k[s * kQkHeadDim + kNopeDim + d] = bf16_to_float(latent[row * kLatentKeyDim + kLatentDim + d]);
+    for (int d = 0; d < kVHeadDim; ++d) v[s * kVHeadDim + d] = bf16_to_float(kv_up[(row * H + h) * 256 + 128 + d]);
+  }
+  Reference ref{std::vector<float>(static_cast<std::size_t>(r.q_len) * kVHeadDim), std::vector<float>(r.q_len)};
+  std::vector<float> qv(kQkHeadDim), score(seq);
+  for (int i = 0; i < r.q_len; ++i) {
+    const std::size_t row = static_cast<std::size_t>(r.q_start + i);
+    for (int d = 0; d < kQkHeadDim; ++d) qv[d] = bf16_to_float(q[(row * H + h) * kQkHeadDim + d]);
+    const int visible = r.ctx_len + i + 1;
+    float mx = -INFINITY;
+    for (int s = 0; s < visible; ++s) {
+      float dot = 0.f;
+      for (int d = 0; d < kQkHeadDim; ++d) dot += qv[d] * k[s * kQkHeadDim + d];
+      score[s] = dot * scale;
+      mx = std::max(mx, score[s]);
+    }
+    float sum = 0.f;
+    float* o = &ref.out[static_cast<std::size_t>(i) * kVHeadDim];
+    for (int s = 0; s < visible; ++s) {
+      const float w = std::exp(score[s] - mx);
+      sum += w;
+      for (int d = 0; d < kVHeadDim; ++d) o[d] += w * v[s * kVHeadDim + d];
+    }
+    for (int d = 0; d < kVHeadDim; ++d) o[d] /= sum;
+    ref.lse[i] = mx + std::log(sum);
+  }
+  return ref;
+}
+
+class DenseMhaGpuTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
+  if (!gpu_visible()) GTEST_SKIP() << "no CUDA device visible: the dense MHA kernel test needs a GPU";
+  const int H = GetParam();
+  const Batch batch = mixed_batch();
+  const float scale = static_cast<float>(default_softmax_scale());
+  std::mt19937 rng(1234 + H);
+  // q in [-2, 2] makes the softmax peaked enough that one wrongly masked key
+  // moves the lse well past its tolerance.
+  const auto q = random_bf16(static_cast<std::size_t>(batch.num_rows) * H * kQkHeadDim, 2.f, rng);
+  const auto kv_up = random_bf16(static_cast<std::size_t>(batch.kv_rows) * H * 256, 1.f, rng);
+  const auto latent = random_bf16(static_cast<std::size_t>(batch.kv_rows) * kLatentKeyDim, 1.f, rng);
+  const auto requests = make_dense_mha_requests(batch.requests);
+  const auto work = make_dense_mha_schedule(batch.requests);
+
+  const std::size_t out_elems = static_cast<std::size_t>(batch.num_rows) * H * kVHeadDim;
+  const std::size_t lse_elems = static_cast<std::size_t>(batch.num_rows) * H;
+  DeviceBuffer<std::uint16_t> d_q(q.size()), d_kv(kv_up.size()), d_lat(latent.size()), d_out(out_elems);
+  DeviceBuffer<float> d_lse(lse_elems);
+  DeviceBuffer<DenseMhaRequest> d_req(requests.size());
+  DeviceBuffer<DenseMhaWorkItem> d_work(work.size());
+  ASSERT_TRUE(d_q.ptr && d_kv.ptr && d_lat.ptr && d_out.ptr && d_lse.ptr && d_req.ptr && d_work.ptr);
+  ASSERT_CUDA(cudaMemcpy(d_q.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d_kv.ptr, kv_up.data(), kv_up.size() * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d_lat.ptr, latent.data(), latent.size() * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d_req.ptr, requests.data(), requests.size() * sizeof(DenseMhaRequest),
+                         cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d_work.ptr, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(d_out.ptr, 0xFF, out_elems * 2));
+  ASSERT_CUDA(cudaMemset(d_lse.ptr, 0xFF, lse_elems * 4));
+
+  DenseMhaParams p;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.ptr);
+  p.kv_up = reinterpret_cast<const __nv_bfloat16*>(d_kv.ptr);
+  p.latent = reinterpret_cast<const __nv_bfloat16*>(d_lat.ptr);
+  p.requests = d_req.ptr;
+  p.work = d_work.ptr;
+  p.num_work_items = static_cast<int>(work.size());
+  p.num_heads = H;
+  p.softmax_scale = scale;
+  p.out = reinterpret_cast<__nv_bfloat16*>(d_out.ptr);
+  p.lse = d_lse.ptr;
+  launch_dense_mha(p, nullptr);
+  ASSERT_CUDA(cudaDeviceSynchronize());
+
+  std::vector<std::uint16_t> out(out_elems);
+  std::vector<float> lse(lse_elems);
+  ASSERT_CUDA(cudaMemcpy(out.data(), d_out.ptr, out_elems * 2, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(lse.data(), d_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+
+  // Ownership: dense rows fully written (no poison left), other rows untouched.
+  std::vector<bool> owned(batch.num_rows, false);
+  for (const auto& r : batch.requests)
+    for (int i = 0; i < r.q_len; ++i) owned[r.q_start + i] = true;
+  int poison_errors = 0;
+  for (int row = 0; row < batch.num_rows; ++row) {
+    for (int h = 0; h < H; ++h) {
+      std::uint32_t lse_bits;
+      std::memcpy(&lse_bits, &lse[static_cast<std::size_t>(row) * H + h], 4);
+      const bool lse_poisoned = lse_bits == kPoisonLse;
+      bool out_poisoned = false, out_all_poisoned = true;
+      for (int d = 0; d < kVHeadDim; ++d) {
+        const bool pz = out[(static_cast<std::size_t>(row) * H + h) * kVHeadDim + d] == kPoisonBf16;
+        out_poisoned |= pz;
+        out_all_poisoned &= pz;
+      }
+      const bool ok = owned[row] ? (!lse_poisoned && !out_poisoned) : (lse_poisoned && out_all_poisoned);
+      if (!ok && ++poison_errors <= 5)
+        ADD_FAILURE() << "row " << row << " head " << h << (owned[row] ? " was not written" : " was overwritten");
+    }
+  }
+  EXPECT_EQ(poison_errors, 0);
+
+  // Values: every head for H 16, 16 spread-out heads otherwise (the CPU
+  // reference is the slow part).
+  const int head_step = H / 16;
+  int value_errors = 0;
+  double max_out_err = 0, max_lse_err = 0;
+  for (int h = head_step - 1; h < H; h += head_step) {
+    for (const auto& r : batch.requests) {
+      const Reference ref = reference(r, h, H, q, kv_up, latent, scale);
+      for (int i = 0; i < r.q_len; ++i) {
+        const std::size_t row = static_cast<std::size_t>(r.q_start + i);
+        const float got_lse = lse[row * H + h];
+        const float lse_err = std::fabs(got_lse - ref.lse[i]);
+        max_lse_err = std::max<double>(max_lse_err, std::isnan(lse_err) ? INFINITY : lse_err);
+        if (!(lse_err <= 1e-3f + 1e-5f * std::fabs(ref.lse[i])) && ++value_errors <= 5)
+          ADD_FAILURE() << "lse of request " << r.request << " token " << i << " head " << h << ": " << got_lse
+                        << " vs reference " << ref.lse[i];
+        for (int d = 0; d < kVHeadDim; ++d) {
+          const float want = ref.out[static_cast<std::size_t>(i) * kVHeadDim + d];
+          const float got = bf16_to_float(out[(row * H + h) * kVHeadDim + d]);
+          const float err = std::fabs(got - want);
+          max_out_err = std::max<double>(max_out_err, std::isnan(err) ? INFINITY : err);
+          if (!(err <= 1e-2f + 1e-2f * std::fabs(want)) && ++value_errors <= 5)
+            ADD_FAILURE() << "out of request " << r.request << " token " << i << " head " << h << " dim " << d
+                          << ": " << got << " vs reference " << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(value_errors, 0);
+  RecordProperty("max_out_err", std::to_string(max_out_err));
+  RecordProperty("max_lse_err", std::to_string(max_lse_err));
+  std::printf("H %d: max |out - ref| %.3g, max |lse - ref| %.3g\n", H, max_out_err, max_lse_err);
+}
+
+INSTANTIATE_TEST_SUITE_P(Heads, DenseMhaGpuTest, ::testing::Values(16, 32, 64, 128),
+                         [](const auto& info) { return "H" + std::to_string(info.param); });
+
+// Host-side pieces: no GPU needed, but they live in the CUDA part.
+TEST(DenseMhaSchedule, CoversEveryTileOnceLongestFirst) {
+  const Batch batch = mixed_batch();
+  const auto work = make_dense_mha_schedule(batch.requests);
+  std::vector<std::pair<int, int>> seen;
+  std::int64_t prev_tiles = INT64_MAX;
+  for (const auto& w : work) {
+    ASSERT_GE(w.request, 0);
+    ASSERT_LT(w.request, static_cast<int>(batch.requests.size()));
+    const auto& r = batch.requests[w.request];
+    ASSERT_GE(w.q_tile_start, 0);
+    ASSERT_LT(w.q_tile_start, r.q_len);
+    EXPECT_EQ(w.q_tile_start % kDenseMhaQueryTile, 0);
+    const std::int64_t last_key = r.ctx_len + std::min(w.q_tile_start + kDenseMhaQueryTile, r.q_len) - 1;
+    const std::int64_t tiles = last_key / kDenseMhaKeyTile + 1;
+    EXPECT_LE(tiles, prev_tiles) << "work item of request " << w.request << " tile " << w.q_tile_start;
+    prev_tiles = tiles;
+    seen.emplace_back(w.request, w.q_tile_start);
+  }
+  std::size_t expected = 0;
+  for (const auto& r : batch.requests) expected += (r.q_len + kDenseMhaQueryTile - 1) / kDenseMhaQueryTile;
+  EXPECT_EQ(work.size(), expected);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "a tile is scheduled twice";
+}
+
+TEST(DenseMhaRequests, RejectsInconsistentRequests) {
+  std::vector<DenseRequest> good = {dense_request(0, 0, 5, 3, 0)};
+  const auto converted = make_dense_mha_requests(good);
+  ASSERT_EQ(converted.size(), 1u);
+  EXPECT_EQ(converted[0].q_len, 5);
+  EXPECT_EQ(converted[0].ctx_len, 3);
+
+  auto expect_error = [](DenseRequest r, const std::string& needle) {
+    const std::vector<DenseRequest> v = {dense_request(0, 0, 1, 0, 0), r};
+    try {
+      make_dense_mha_requests(v);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("dense request 1"), std::string::npos) << e.what();
+    }
+  };
+  DenseRequest r = dense_request(7, 4, 5, 3, 10);
+  r.seq_len = 9;
+  expect_error(r, "seq_len 9");
+  expect_error(dense_request(7, 4, -2, 3, 10), "q_len -2");
+  expect_error(dense_request(7, 4, 2, -3, 10), "ctx_len -3");
+  expect_error(dense_request(7, -4, 2, 3, 10), "q_start -4");
+  expect_error(dense_request(7, 4, 2, 3, -10), "kv_row_start -10");
+}
+
+TEST(DenseMhaLaunch, RejectsBadParameters) {
+  alignas(16) static unsigned char storage[256];
+  DenseMhaParams p;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(storage);
+  p.kv_up = p.q;
+  p.latent = p.q;
+  p.out = reinterpret_cast<__nv_bfloat16*>(storage);
+  p.lse = reinterpret_cast<float*>(storage);
+  p.requests = reinterpret_cast<const DenseMhaRequest*>(storage);
+  p.work = reinterpret_cast<const DenseMhaWorkItem*>(storage);
+  p.num_work_items = 1;
+  p.num_heads = 16;
+  p.softmax_scale = 0.1f;
+  auto message = [](const DenseMhaParams& bad) {
+    try {
+      launch_dense_mha(bad, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  DenseMhaParams bad = p;
+  bad.num_heads = 0;
+  EXPECT_NE(message(bad).find("num_heads 0"), std::string::npos);
+  bad = p;
+  bad.softmax_scale = -1.f;
+  EXPECT_NE(message(bad).find("softmax_scale"), std::string::npos);
+  bad = p;
+  bad.latent = reinterpret_cast<const __nv_bfloat16*>(storage + 2);
+  EXPECT_NE(message(bad).find("latent"), std::string::npos);
+  bad = p;
+  bad.num_work_items = -1;
+  EXPECT_NE(message(bad).find("num_work_items -1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsmla::cuda

@@ -1,0 +1,428 @@
+// Sparse MLA kernel (src/cuda/sparse_mla) against a float64 CPU reference
+// written here, on random non-zero data: H 16..128, top-k 64..2560, the three
+// cache formats (fp8 also with q_scale 2 / k_scale 3), valid counts from 0 to
+// top-k (and out-of-range counts, which the kernel clamps), slots outside the
+// cache inside the valid prefix and junk after it. Few tokens (split-KV path)
+// and many tokens (one CTA per token and head group) are both covered.
+// Outputs sit between poisoned guard regions: every row must be written and
+// nothing outside them.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/sparse_mla/sparse_mla.hpp"
+#include "dsmla/format.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda {
+namespace {
+
+constexpr std::uint16_t kPoisonBf16 = 0xFFFF;     // a NaN
+constexpr std::uint32_t kPoisonLse = 0xFFFFFFFFu;  // a NaN
+constexpr std::size_t kGuardRows = 3;              // poisoned rows before and after each output
+
+bool gpu_visible() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!gpu_visible()) GTEST_SKIP() << "no CUDA device visible: sparse MLA GPU test skipped"
+
+struct Variant {
+  CacheFormat format;
+  float q_scale;
+  float k_scale;
+  const char* name;
+};
+
+constexpr Variant kVariants[] = {
+    {CacheFormat::bf16, 1.f, 1.f, "bf16"},
+    {CacheFormat::fp8_ds_mla, 1.f, 1.f, "fp8_ds_mla"},
+    {CacheFormat::fp8, 1.f, 1.f, "fp8_q1_k1"},
+    {CacheFormat::fp8, 2.f, 3.f, "fp8_q2_k3"},
+};
+
+// One kernel input with its host copies.
+struct Problem {
+  int num_heads = 0;
+  int topk = 0;
+  int num_tokens = 0;
+  Variant variant{};
+  std::int64_t num_slots = 0;
+  float softmax_scale = static_cast<float>(default_softmax_scale());
+  std::vector<std::uint16_t> q;       // [n, H, 576] bf16
+  std::vector<std::uint8_t> cache;    // [num_slots, bytes_per_token]
+  std::vector<float> keys;            // [num_slots, 576] dequantised by src/format
+  std::vector<std::int32_t> slots;    // [n, topk]
+  std::vector<std::int32_t> counts;   // [n]
+};
+
+// Slot values the kernel must treat as empty.
+std::int32_t out_of_range_slot(std::mt19937& rng, std::int64_t num_slots) {
+  const std::int32_t choices[] = {-1, -7, static_cast<std::int32_t>(num_slots),
+                                  static_cast<std::int32_t>(num_slots) + 1000, INT_MIN, INT_MAX};
+  return choices[rng() % std::size(choices)];
+}
+
+// counts[i] entries are written for token i (clamped to [0, topk] for the slots);
+// holes[i] = fraction of those replaced by out-of-range slots.
+Problem make_problem(int num_heads, int topk, const Variant& variant, const std::vector<int>& counts,
+                     const std::vector<double>& holes, std::uint32_t seed) {
+  Problem pr;
+  pr.num_heads = num_heads;
+  pr.topk = topk;
+  pr.num_tokens = static_cast<int>(counts.size());
+  pr.variant = variant;
+  pr.num_slots = std::max(topk, 256) + 97;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+
+  const int bpt = bytes_per_token(variant.format);
+  pr.cache.resize(static_cast<std::size_t>(pr.num_slots) * bpt);
+  pr.keys.resize(static_cast<std::size_t>(pr.num_slots) * kLatentKeyDim);
+  std::vector<std::uint16_t> kv_c(kLatentDim), k_pe(kRopeDim);
+  for (std::int64_t s = 0; s < pr.num_slots; ++s) {
+    // Vary the magnitude per token so fp8_ds_mla tile scales differ.
+    const float amp = 0.25f + 1.75f * std::abs(uni(rng));
+    for (auto& x : kv_c) x = float_to_bf16(amp * uni(rng));
+    for (auto& x : k_pe) x = float_to_bf16(uni(rng));
+    const std::span<std::uint8_t> dst(pr.cache.data() + s * bpt, static_cast<std::size_t>(bpt));
+    write_cache_token(variant.format, dst, kv_c.data(), k_pe.data(), variant.k_scale);
+    read_cache_token(variant.format, dst, pr.keys.data() + s * kLatentKeyDim, variant.k_scale);
+  }
+
+  pr.q.resize(static_cast<std::size_t>(pr.num_tokens) * num_heads * kLatentKeyDim);
+  for (auto& x : pr.q) x = float_to_bf16(1.5f * uni(rng));
+
+  pr.counts = counts;
+  pr.slots.resize(static_cast<std::size_t>(pr.num_tokens) * topk);
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(pr.num_slots));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = 0; i < pr.num_tokens; ++i) {
+    std::int32_t* row = pr.slots.data() + static_cast<std::size_t>(i) * topk;
+    const int n_valid = std::clamp(counts[i], 0, topk);
+    std::shuffle(perm.begin(), perm.end(), rng);  // distinct slots in random order
+    std::bernoulli_distribution hole(holes[i]);
+    for (int j = 0; j < n_valid; ++j) row[j] = hole(rng) ? out_of_range_slot(rng, pr.num_slots) : perm[j];
+    // Junk after the valid prefix: real slots and out-of-range values, both must be ignored.
+    for (int j = n_valid; j < topk; ++j)
+      row[j] = (rng() & 1) ? static_cast<std::int32_t>(rng() % pr.num_slots) : out_of_range_slot(rng, pr.num_slots);
+  }
+  return pr;
+}
+
+float query_as_used(const Problem& pr, std::uint16_t bits) {
+  const float q = bf16_to_float(bits);
+  if (pr.variant.format != CacheFormat::fp8) return q;
+  return e4m3_to_float(float_to_e4m3(q / pr.variant.q_scale)) * pr.variant.q_scale;
+}
+
+struct Reference {
+  std::vector<double> o;    // [n, H, 512]
+  std::vector<double> lse;  // [n, H]
+};
+
+Reference reference(const Problem& pr) {
+  const int H = pr.num_heads;
+  Reference ref;
+  ref.o.assign(static_cast<std::size_t>(pr.num_tokens) * H * kLatentDim, 0.0);
+  ref.lse.assign(static_cast<std::size_t>(pr.num_tokens) * H, -INFINITY);
+  std::vector<double> q(kLatentKeyDim), scores, acc(kLatentDim);
+  for (int i = 0; i < pr.num_tokens; ++i) {
+    std::vector<const float*> keys;
+    const std::int32_t* row = pr.slots.data() + static_cast<std::size_t>(i) * pr.topk;
+    for (int j = 0; j < std::clamp(pr.counts[i], 0, pr.topk); ++j)
+      if (row[j] >= 0 && row[j] < pr.num_slots) keys.push_back(pr.keys.data() + static_cast<std::size_t>(row[j]) * kLatentKeyDim);
+    if (keys.empty()) continue;
+    for (int h = 0; h < H; ++h) {
+      const std::uint16_t* qh = pr.q.data() + (static_cast<std::size_t>(i) * H + h) * kLatentKeyDim;
+      for (int d = 0; d < kLatentKeyDim; ++d) q[d] = query_as_used(pr, qh[d]);
+      scores.assign(keys.size(), 0.0);
+      double mx = -INFINITY;
+      for (std::size_t s = 0; s < keys.size(); ++s) {
+        double dot = 0;
+        for (int d = 0; d < kLatentKeyDim; ++d) dot += q[d] * keys[s][d];
+        scores[s] = pr.softmax_scale * dot;
+        mx = std::max(mx, scores[s]);
+      }
+      double sum = 0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::size_t s = 0; s < keys.size(); ++s) {
+        const double w = std::exp(scores[s] - mx);
+        sum += w;
+        for (int d = 0; d < kLatentDim; ++d) acc[d] += w * keys[s][d];
+      }
+      const std::size_t out = (static_cast<std::size_t>(i) * H + h);
+      for (int d = 0; d < kLatentDim; ++d) ref.o[out * kLatentDim + d] = acc[d] / sum;
+      ref.lse[out] = mx + std::log(sum);
+    }
+  }
+  return ref;
+}
+
+// Kernel outputs, read back with their guard regions.
+struct GpuResult {
+  std::vector<std::uint16_t> o;   // [guard | n*H*512 | guard]
+  std::vector<float> lse;         // rows: guard, the n lse rows (reversed), guard; H each
+  std::size_t o_guard = 0;        // elements before the first o value
+  std::vector<std::int32_t> lse_rows;
+};
+
+GpuResult run_gpu(const Problem& pr) {
+  const int H = pr.num_heads;
+  const std::size_t n = static_cast<std::size_t>(pr.num_tokens);
+  DeviceBuffer<std::uint16_t> q, o;
+  DeviceBuffer<std::uint8_t> cache, workspace;
+  DeviceBuffer<std::int32_t> slots, counts, lse_rows;
+  DeviceBuffer<float> lse;
+  q.upload(pr.q);
+  cache.upload(pr.cache);  // exactly num_slots tokens: an out-of-range read would leave the allocation
+  slots.upload(pr.slots);
+  counts.upload(pr.counts);
+
+  GpuResult r;
+  r.o_guard = kGuardRows * kLatentDim;
+  r.o.assign(2 * r.o_guard + n * H * kLatentDim, kPoisonBf16);
+  o.upload(r.o);
+  r.lse.resize((n + 2 * kGuardRows) * H);
+  std::memset(r.lse.data(), 0xFF, r.lse.size() * sizeof(float));
+  lse.upload(r.lse);
+  // Token i's lse goes to row kGuardRows + n - 1 - i: the mapping is honoured, nothing else written.
+  for (std::size_t i = 0; i < n; ++i) r.lse_rows.push_back(static_cast<std::int32_t>(kGuardRows + n - 1 - i));
+  lse_rows.upload(r.lse_rows);
+  const std::size_t ws_bytes = sparse_mla_workspace_bytes(pr.num_tokens, H, pr.topk);
+  if (ws_bytes > 0) workspace.resize(ws_bytes);
+
+  SparseMlaParams p;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
+  p.kv_cache = cache.data();
+  p.num_slots = pr.num_slots;
+  p.format = pr.variant.format;
+  p.k_scale = pr.variant.k_scale;
+  p.q_scale = pr.variant.q_scale;
+  p.slots = slots.data();
+  p.valid_counts = counts.data();
+  p.num_tokens = pr.num_tokens;
+  p.num_heads = H;
+  p.topk = pr.topk;
+  p.softmax_scale = pr.softmax_scale;
+  p.o_lat = reinterpret_cast<__nv_bfloat16*>(o.data() + r.o_guard);
+  p.lse = lse.data();
+  p.lse_rows = lse_rows.data();
+  p.workspace = ws_bytes > 0 ? workspace.data() : nullptr;
+  launch_sparse_mla(p, nullptr);
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  r.o = o.download();
+  r.lse = lse.download();
+  return r;
+}
+
+std::string where(int token, int head) {
+  return "token " + std::to_string(token) + " head " + std::to_string(head);
+}
+
+// bf16 products with fp32 accumulation: lse to ~1e-4 (fp8_ds_mla keys are rounded
+// to bf16 once more); o through bf16 P and a bf16 store, ~2^-8 relative.
+void expect_matches(const Problem& pr, const GpuResult& got, const Reference& ref) {
+  const int H = pr.num_heads;
+  const std::size_t n = static_cast<std::size_t>(pr.num_tokens);
+  // Guards.
+  const std::size_t o_end = got.o_guard + n * H * kLatentDim;
+  for (std::size_t k = 0; k < got.o_guard; ++k) {
+    ASSERT_EQ(got.o[k], kPoisonBf16) << "o written before the output, element " << k;
+    ASSERT_EQ(got.o[o_end + k], kPoisonBf16) << "o written after the output, element " << k;
+  }
+  auto lse_bits = [&](std::size_t row, int h) {
+    std::uint32_t b;
+    std::memcpy(&b, &got.lse[row * H + h], 4);
+    return b;
+  };
+  for (std::size_t row = 0; row < kGuardRows; ++row)
+    for (int h = 0; h < H; ++h) {
+      ASSERT_EQ(lse_bits(row, h), kPoisonLse) << "lse guard row " << row << " written";
+      ASSERT_EQ(lse_bits(kGuardRows + n + row, h), kPoisonLse) << "lse guard row after the output written";
+    }
+
+  int failures = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    for (int h = 0; h < H; ++h) {
+      const std::size_t out = i * H + h;
+      const float lse = got.lse[static_cast<std::size_t>(got.lse_rows[i]) * H + h];
+      const std::uint16_t* o = got.o.data() + got.o_guard + out * kLatentDim;
+      const double* ro = ref.o.data() + out * kLatentDim;
+      if (ref.lse[out] == -INFINITY) {
+        EXPECT_TRUE(std::isinf(lse) && lse < 0) << where(i, h) << ": no valid key, lse " << lse;
+        for (int d = 0; d < kLatentDim; ++d) {
+          if (o[d] != 0 && o[d] != 0x8000) {
+            ADD_FAILURE() << where(i, h) << ": no valid key, o[" << d << "] = " << bf16_to_float(o[d]);
+            break;
+          }
+        }
+        continue;
+      }
+      const double lse_err = std::abs(static_cast<double>(lse) - ref.lse[out]);
+      if (!(lse_err <= 2e-3 + 1e-4 * std::abs(ref.lse[out]))) {
+        if (++failures <= 10) ADD_FAILURE() << where(i, h) << ": lse " << lse << " vs " << ref.lse[out];
+        continue;
+      }
+      double err2 = 0, ref2 = 0, ref_max = 0;
+      for (int d = 0; d < kLatentDim; ++d) ref_max = std::max(ref_max, std::abs(ro[d]));
+      for (int d = 0; d < kLatentDim; ++d) {
+        const double g = bf16_to_float(o[d]);
+        const double e = std::abs(g - ro[d]);
+        err2 += e * e;
+        ref2 += ro[d] * ro[d];
+        if (!(e <= 1e-2 * std::abs(ro[d]) + 1e-2 * ref_max)) {
+          if (++failures <= 10) ADD_FAILURE() << where(i, h) << " column " << d << ": o " << g << " vs " << ro[d];
+          break;
+        }
+      }
+      const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+      if (!(rel <= 1e-2)) {
+        if (++failures <= 10) ADD_FAILURE() << where(i, h) << ": relative L2 error of o " << rel;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0) << "in " << pr.variant.name << " H " << H << " topk " << pr.topk;
+}
+
+// ---------------------------------------------------------------- few tokens
+
+// Every valid count of interest for this top-k, plus special rows:
+// out-of-range slots inside the prefix, all of them out of range, a count
+// above top-k (clamped) and a negative one (empty).
+void few_token_rows(int topk, std::vector<int>& counts, std::vector<double>& holes) {
+  for (int c : {0, 1, 63, 64, 65, topk / 2 + 7, topk - 1, topk})
+    if (c <= topk && std::find(counts.begin(), counts.end(), c) == counts.end()) counts.push_back(c);
+  holes.assign(counts.size(), 0.0);
+  counts.push_back(std::min(topk, 200));
+  holes.push_back(0.3);
+  counts.push_back(std::min(topk, 70));
+  holes.push_back(1.0);
+  counts.push_back(topk + 5);
+  holes.push_back(0.0);
+  counts.push_back(-3);
+  holes.push_back(0.0);
+}
+
+using FewTokenParam = std::tuple<int, int, int>;  // heads, topk, variant index
+
+class SparseMlaFewTokens : public ::testing::TestWithParam<FewTokenParam> {};
+
+TEST_P(SparseMlaFewTokens, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [heads, topk, vi] = GetParam();
+  std::vector<int> counts;
+  std::vector<double> holes;
+  few_token_rows(topk, counts, holes);
+  const Problem pr = make_problem(heads, topk, kVariants[vi], counts, holes, 1000u * heads + topk + 17u * vi);
+  const Reference ref = reference(pr);
+  const GpuResult got = run_gpu(pr);
+  expect_matches(pr, got, ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaFewTokens,
+                         ::testing::Combine(::testing::Values(16, 32, 64, 128),
+                                            ::testing::Values(64, 128, 2048, 2560),
+                                            ::testing::Values(0, 1, 2, 3)),
+                         [](const ::testing::TestParamInfo<FewTokenParam>& info) {
+                           return "H" + std::to_string(std::get<0>(info.param)) + "_topk" +
+                                  std::to_string(std::get<1>(info.param)) + "_" +
+                                  kVariants[std::get<2>(info.param)].name;
+                         });
+
+// ---------------------------------------------------------------- many tokens
+
+// Enough (token, head group) CTAs to fill the GPU: no split-KV, one CTA per
+// token walking all of its tiles.
+using ManyTokenParam = std::tuple<int, int>;  // heads, variant index
+
+class SparseMlaManyTokens : public ::testing::TestWithParam<ManyTokenParam> {};
+
+TEST_P(SparseMlaManyTokens, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [heads, vi] = GetParam();
+  constexpr int kTopk = 320;
+  int sm_count = 0;
+  DSMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  const int groups = (heads + 63) / 64;
+  const int num_tokens = (sm_count + groups - 1) / groups + 5;
+  ASSERT_EQ(sparse_mla_workspace_bytes(num_tokens, heads, kTopk), 0u) << "expected no split-KV";
+  std::mt19937 rng(7u + heads);
+  std::vector<int> counts(num_tokens);
+  std::vector<double> holes(num_tokens);
+  for (int i = 0; i < num_tokens; ++i) {
+    counts[i] = static_cast<int>(rng() % (kTopk + 1));
+    holes[i] = i % 5 == 0 ? 0.2 : 0.0;
+  }
+  const Problem pr = make_problem(heads, kTopk, kVariants[vi], counts, holes, 99u + heads + vi);
+  const Reference ref = reference(pr);
+  const GpuResult got = run_gpu(pr);
+  expect_matches(pr, got, ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaManyTokens,
+                         ::testing::Combine(::testing::Values(16, 64, 128), ::testing::Values(0, 1, 3)),
+                         [](const ::testing::TestParamInfo<ManyTokenParam>& info) {
+                           return "H" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  kVariants[std::get<1>(info.param)].name;
+                         });
+
+// ---------------------------------------------------------------- contract
+
+TEST(SparseMlaContract, SplitNeedsWorkspace) {
+  SKIP_WITHOUT_GPU();
+  // One decode token over a long top-k cannot fill the GPU: the range is split.
+  EXPECT_GT(sparse_mla_workspace_bytes(1, 128, 2048), 0u);
+  SparseMlaParams p;
+  DeviceBuffer<std::uint8_t> dummy(1 << 20);
+  p.q = reinterpret_cast<const __nv_bfloat16*>(dummy.data());
+  p.kv_cache = dummy.data();
+  p.slots = reinterpret_cast<const std::int32_t*>(dummy.data());
+  p.valid_counts = p.slots;
+  p.o_lat = reinterpret_cast<__nv_bfloat16*>(dummy.data());
+  p.num_tokens = 1;
+  p.num_heads = 128;
+  p.topk = 2048;
+  p.num_slots = 1;
+  EXPECT_THROW(launch_sparse_mla(p, nullptr), Error);
+}
+
+TEST(SparseMlaContract, RejectsBadHeads) {
+  SKIP_WITHOUT_GPU();
+  SparseMlaParams p;
+  p.num_tokens = 1;
+  p.num_heads = 24;
+  p.topk = 64;
+  EXPECT_THROW(launch_sparse_mla(p, nullptr), Error);
+  p.num_heads = 0;
+  EXPECT_THROW(launch_sparse_mla(p, nullptr), Error);
+}
+
+TEST(SparseMlaContract, ZeroTokensIsANoOp) {
+  SKIP_WITHOUT_GPU();
+  SparseMlaParams p;
+  p.num_tokens = 0;
+  p.num_heads = 64;
+  p.topk = 64;
+  EXPECT_NO_THROW(launch_sparse_mla(p, nullptr));
+  EXPECT_EQ(sparse_mla_workspace_bytes(0, 64, 64), 0u);
+}
+
+}  // namespace
+}  // namespace dsmla::cuda

@@ -1,0 +1,127 @@
+// `dsmla run CASE -o OUT`: one forward on the inputs of a case file.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "case_runner.hpp"
+#include "cli.hpp"
+#include "compare.hpp"
+#include "dsmla/case.hpp"
+#include "dsmla/safetensors.hpp"
+
+namespace dsmla::tools {
+
+namespace {
+
+const char* const kHelp = R"(usage: dsmla run CASE.safetensors -o OUT.safetensors [options]
+
+Runs one attention forward (cache write, then the sparse and dense paths) on
+the inputs stored in CASE (see docs/case-format.md) and writes OUT with
+  out       BF16 [T, H*128]   attention output (the input of o_proj)
+  lse       F32  [T, H]       log-sum-exp of the scaled scores (-inf: no key)
+  kv_cache  U8   [blocks, block_size, bytes_per_token]   the cache after the write
+Every top-k index of the tokens on the sparse path is checked first; a bad
+one is reported with its token and column.
+
+options:
+  -o, --out FILE        output file (required)
+  --backend NAME        cpu | cuda | auto (default auto: cuda when a GPU is usable)
+  --policy NAME         per_request | per_batch | force_sparse
+                        (default: the case's 'policy' metadata)
+  --threads N           CPU backend threads (default 0: all cores)
+  --check               also run the CPU float64 reference on a copy of the
+                        inputs, print max abs / max rel error of out and lse and
+                        exit 1 when they exceed the tolerance of the cache format
+                        (bf16: rtol 1e-2 atol 1e-2; fp8 formats: rtol 6.5e-2 atol 5e-2)
+
+exit status: 0 ok, 1 runtime failure or failed --check, 2 usage error or bad input
+)";
+
+io::Tensor tensor_of(io::DType dtype, std::vector<std::int64_t> shape, const void* data, std::size_t bytes) {
+  io::Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data.assign(static_cast<const std::uint8_t*>(data), static_cast<const std::uint8_t*>(data) + bytes);
+  return t;
+}
+
+// Number of cache tokens whose bytes differ between two caches.
+std::int64_t differing_cache_tokens(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b,
+                                    int bytes_per_token) {
+  std::int64_t n = 0;
+  for (std::size_t off = 0; off + static_cast<std::size_t>(bytes_per_token) <= a.size(); off += bytes_per_token)
+    if (std::memcmp(a.data() + off, b.data() + off, static_cast<std::size_t>(bytes_per_token)) != 0) ++n;
+  return n;
+}
+
+std::string where(std::int64_t index, std::int64_t per_token, std::int64_t per_head) {
+  if (index < 0) return "";
+  return " (worst at token " + std::to_string(index / per_token) + ", head " +
+         std::to_string(index % per_token / per_head) + ")";
+}
+
+}  // namespace
+
+int run_main(int argc, char** argv) {
+  const Args args("run",
+                  {{"--out", false, "-o"}, {"--backend"}, {"--policy"}, {"--threads"}, {"--check", true}}, argc,
+                  argv);
+  if (args.help()) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  args.expect_positional(1, "the case file (CASE.safetensors)");
+  if (!args.has("--out")) throw UsageError("missing -o OUT.safetensors (see 'dsmla run --help')");
+  const std::string case_path = args.positional()[0], out_path = args.get("--out", "");
+  const BackendKind backend = pick_backend(args.get("--backend", "auto"));
+  const int threads = static_cast<int>(args.get_int("--threads", 0, 0, 4096));
+
+  std::fprintf(stderr, "dsmla run: reading %s\n", case_path.c_str());
+  Case c = load_case(case_path);
+  if (args.has("--policy")) c.policy = parse_policy_arg(args.get("--policy", ""), "--policy");
+  std::fprintf(stderr, "dsmla run: %d tokens, %d requests, %d heads, cache %s, block %d, topk %d, policy %s\n",
+               c.num_tokens, c.num_requests, c.num_heads, std::string(to_string(c.cache_format)).c_str(),
+               c.block_size, c.topk, std::string(to_string(c.policy)).c_str());
+
+  CaseRunner runner(c, backend, c.plan_options(), CpuPrecision::float32, threads);
+  const PathCounts paths = count_paths(runner.plan());
+  std::fprintf(stderr, "dsmla run: plan: %lld decode, %lld sparse prefill, %lld dense, %lld padding tokens\n",
+               static_cast<long long>(paths.decode), static_cast<long long>(paths.sparse),
+               static_cast<long long>(paths.dense), static_cast<long long>(paths.padding));
+  const char* backend_name = backend == BackendKind::cuda ? "cuda" : "cpu";
+  std::fprintf(stderr, "dsmla run: running on the %s backend\n", backend_name);
+  const RunOutputs result = runner.run();
+  std::printf("run: %s backend, %.3f ms\n", backend_name, result.median_ms);
+
+  const std::int64_t T = c.num_tokens, H = c.num_heads;
+  io::File f;
+  f.tensors["out"] = tensor_of(io::DType::BF16, {T, H * kVHeadDim}, result.out.data(), result.out.size() * 2);
+  f.tensors["lse"] = tensor_of(io::DType::F32, {T, H}, result.lse.data(), result.lse.size() * 4);
+  f.tensors["kv_cache"] = tensor_of(io::DType::U8, {c.num_cache_blocks, c.block_size, bytes_per_token(c.cache_format)},
+                                    result.kv_cache.data(), result.kv_cache.size());
+  f.metadata["backend"] = backend_name;
+  f.metadata["policy"] = std::string(to_string(c.policy));
+  f.metadata["cache_format"] = std::string(to_string(c.cache_format));
+  io::write_safetensors(out_path, f);
+  std::fprintf(stderr, "dsmla run: wrote %s\n", out_path.c_str());
+
+  if (!args.has("--check")) return 0;
+
+  std::fprintf(stderr, "dsmla run: running the cpu float64 reference\n");
+  CaseRunner reference(c, BackendKind::cpu, c.plan_options(), CpuPrecision::float64, threads);
+  const RunOutputs ref = reference.run();
+  const Tolerance tol = tolerance_for(c.cache_format);
+  const DiffStats out_diff = compare_bf16(result.out, ref.out, tol);
+  const DiffStats lse_diff = compare_values(result.lse, ref.lse, tol);
+  const std::int64_t cache_diff = differing_cache_tokens(result.kv_cache, ref.kv_cache, bytes_per_token(c.cache_format));
+  std::printf("check against the cpu float64 reference (rtol %g, atol %g):\n", tol.rtol, tol.atol);
+  std::printf("  out: %s%s\n", describe(out_diff).c_str(), where(out_diff.worst, H * kVHeadDim, kVHeadDim).c_str());
+  std::printf("  lse: %s%s\n", describe(lse_diff).c_str(), where(lse_diff.worst, H, 1).c_str());
+  std::printf("  kv_cache: %lld of %lld cache tokens differ\n", static_cast<long long>(cache_diff),
+              static_cast<long long>(c.num_cache_blocks * c.block_size));
+  const bool passed = out_diff.passed() && lse_diff.passed();
+  std::printf("check %s\n", passed ? "passed" : "FAILED");
+  return passed ? 0 : kExitRuntime;
+}
+
+}  // namespace dsmla::tools
