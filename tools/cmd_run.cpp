@@ -7,6 +7,7 @@
 #include "cli.hpp"
 #include "compare.hpp"
 #include "dsmla/case.hpp"
+#include "dsmla/format.hpp"
 #include "dsmla/safetensors.hpp"
 
 namespace dsmla::tools {
@@ -54,11 +55,28 @@ std::int64_t differing_cache_tokens(const std::vector<std::uint8_t>& a, const st
   return n;
 }
 
-std::string where(std::int64_t index, std::int64_t per_token, std::int64_t per_head) {
-  if (index < 0) return "";
-  return " (worst at token " + std::to_string(index / per_token) + ", head " +
-         std::to_string(index % per_token / per_head) + ")";
+// "token 3, head 5, column 17" for an element of out ([T, H, 128]) or lse ([T, H]).
+std::string element_name(std::int64_t index, int num_heads, int per_head) {
+  const std::int64_t per_token = static_cast<std::int64_t>(num_heads) * per_head;
+  std::string s = "token " + std::to_string(index / per_token) + ", head " +
+                  std::to_string(index % per_token / per_head);
+  if (per_head > 1) s += ", column " + std::to_string(index % per_head);
+  return s;
 }
+
+// One line per compared tensor, plus the first element outside tolerance.
+template <class Value>
+void print_diff(const char* name, const DiffStats& d, const std::vector<Value>& got, const std::vector<Value>& ref,
+                int num_heads, int per_head, float (*to_float)(Value)) {
+  std::printf("  %s: %s\n", name, describe(d).c_str());
+  if (d.first_failed >= 0) {
+    const auto i = static_cast<std::size_t>(d.first_failed);
+    std::printf("    first outside tolerance: %s: got %.6g, reference %.6g\n",
+                element_name(d.first_failed, num_heads, per_head).c_str(), to_float(got[i]), to_float(ref[i]));
+  }
+}
+
+float identity(float x) { return x; }
 
 }  // namespace
 
@@ -115,8 +133,8 @@ int run_main(int argc, char** argv) {
   const DiffStats lse_diff = compare_values(result.lse, ref.lse, tol);
   const std::int64_t cache_diff = differing_cache_tokens(result.kv_cache, ref.kv_cache, bytes_per_token(c.cache_format));
   std::printf("check against the cpu float64 reference (rtol %g, atol %g):\n", tol.rtol, tol.atol);
-  std::printf("  out: %s%s\n", describe(out_diff).c_str(), where(out_diff.worst, H * kVHeadDim, kVHeadDim).c_str());
-  std::printf("  lse: %s%s\n", describe(lse_diff).c_str(), where(lse_diff.worst, H, 1).c_str());
+  print_diff("out", out_diff, result.out, ref.out, c.num_heads, kVHeadDim, bf16_to_float);
+  print_diff("lse", lse_diff, result.lse, ref.lse, c.num_heads, 1, identity);
   std::printf("  kv_cache: %lld of %lld cache tokens differ\n", static_cast<long long>(cache_diff),
               static_cast<long long>(c.num_cache_blocks * c.block_size));
   const bool passed = out_diff.passed() && lse_diff.passed();

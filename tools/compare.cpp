@@ -28,6 +28,7 @@ DiffStats compare_values(std::span<const float> got, std::span<const float> ref,
     const double g = got[i], r = ref[i];
     if (std::isnan(g) || std::isnan(r)) {
       if (first_nan < 0) first_nan = static_cast<std::int64_t>(i);
+      if (d.first_failed < 0) d.first_failed = static_cast<std::int64_t>(i);
       ++d.nan;
       ++d.failed;
       continue;
@@ -36,7 +37,9 @@ DiffStats compare_values(std::span<const float> got, std::span<const float> ref,
     const double abs_err = std::abs(g - r);  // inf when only one side is infinite
     d.max_abs = std::max(d.max_abs, abs_err);
     d.max_rel = std::max(d.max_rel, abs_err / std::max(std::abs(r), tol.atol));
-    if (!(abs_err <= tol.atol + tol.rtol * std::abs(r))) ++d.failed;
+    if (!(abs_err <= tol.atol + tol.rtol * std::abs(r))) {
+      if (d.failed++ == 0) d.first_failed = static_cast<std::int64_t>(i);
+    }
     if (abs_err > worst_abs) {
       worst_abs = abs_err;
       argmax = static_cast<std::int64_t>(i);

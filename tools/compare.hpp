@@ -23,6 +23,7 @@ struct DiffStats {
   std::int64_t failed = 0;    // elements outside tolerance (NaN included)
   std::int64_t nan = 0;       // elements where either side is NaN
   std::int64_t worst = -1;    // index of the element with the largest |got - ref| (or first NaN)
+  std::int64_t first_failed = -1;  // index of the first element outside tolerance
   bool passed() const { return failed == 0; }
 };
 

@@ -266,7 +266,7 @@ class Forward {
     const Real* w = w_uk(h);
     for (int n = 0; n < kNopeDim; ++n)
       axpy<Real>(bf16_bits_to_float(q[n]), w + std::size_t(n) * kLatentDim, q_abs, kLatentDim);
-    for (int c = 0; c < kLatentDim; ++c) q_abs[c] = workspace_round(q_abs[c]);
+    if (format_ != CacheFormat::fp8) for (int c = 0; c < kLatentDim; ++c) q_abs[c] = workspace_round(q_abs[c]);
     for (int r = 0; r < kRopeDim; ++r) q_abs[kLatentDim + r] = bf16_bits_to_float(q[kNopeDim + r]);
     if (format_ == CacheFormat::fp8)
       for (int c = 0; c < kLatentKeyDim; ++c) q_abs[c] = quantize_query_e4m3(q_abs[c], in_.q_scale);

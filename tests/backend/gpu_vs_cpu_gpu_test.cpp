@@ -320,19 +320,20 @@ TEST_P(GpuVsCpuMatrix, SameResults) {
   EXPECT_EQ(dense, length == Length::within_topk ? prefills : 0) << "requests on the dense path";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Design5, GpuVsCpuMatrix,
-    ::testing::Combine(::testing::Values(Length::within_topk, Length::beyond_topk),
-                       ::testing::Values(Workload::prefill, Workload::mixed, Workload::decode),
-                       ::testing::Values(0, 1, 2, 3), ::testing::Values(128, 64, 32, 16),
-                       ::testing::Values(16, 32, 64, 128)),
-    [](const ::testing::TestParamInfo<MatrixParam>& info) {
-      const auto [length, workload, cache, heads, block] = info.param;
-      const char* workloads[] = {"prefill", "mixed", "decode"};
-      return std::string(length == Length::within_topk ? "within_topk_" : "beyond_topk_") +
-             workloads[static_cast<int>(workload)] + "_" + kCaches[cache].name + "_h" + std::to_string(heads) +
-             "_b" + std::to_string(block);
-    });
+std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) {
+  const auto [length, workload, cache, heads, block] = info.param;
+  const char* workloads[] = {"prefill", "mixed", "decode"};
+  return std::string(length == Length::within_topk ? "within_topk_" : "beyond_topk_") +
+         workloads[static_cast<int>(workload)] + "_" + kCaches[cache].name + "_h" + std::to_string(heads) + "_b" +
+         std::to_string(block);
+}
+
+INSTANTIATE_TEST_SUITE_P(Design5, GpuVsCpuMatrix,
+                         ::testing::Combine(::testing::Values(Length::within_topk, Length::beyond_topk),
+                                            ::testing::Values(Workload::prefill, Workload::mixed, Workload::decode),
+                                            ::testing::Values(0, 1, 2, 3), ::testing::Values(128, 64, 32, 16),
+                                            ::testing::Values(16, 32, 64, 128)),
+                         matrix_name);
 
 // ---------------------------------------------------------------- named batches
 
@@ -349,13 +350,15 @@ TEST_P(GpuVsCpuNamed, SameResults) {
   expect_matches_cpu(make_synthetic_case(spec), name);
 }
 
+std::string named_name(const ::testing::TestParamInfo<NamedParam>& info) {
+  const auto& [name, topk, cache] = info.param;
+  return name + "_topk" + std::to_string(topk) + "_" + kCaches[cache].name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Design5, GpuVsCpuNamed,
                          ::testing::Combine(::testing::ValuesIn(named_batch_names()), ::testing::Values(128, 2048),
                                             ::testing::Values(0, 1)),
-                         [](const ::testing::TestParamInfo<NamedParam>& info) {
-                           const auto& [name, topk, cache] = info.param;
-                           return name + "_topk" + std::to_string(topk) + "_" + kCaches[cache].name;
-                         });
+                         named_name);
 
 // ---------------------------------------------------------------- routing policies
 
