@@ -44,13 +44,16 @@
 #ifndef DENSE_MHA_BN
 #define DENSE_MHA_BN 128
 #endif
+#ifndef DENSE_MHA_OVERLAP
+#define DENSE_MHA_OVERLAP 0
+#endif
 
 namespace dsmla::cuda {
 namespace {
 
 constexpr int kBM = 128;           // query rows per block
 constexpr int kBN = DENSE_MHA_BN;  // key rows per stage
-constexpr int kStages = kBN == 128 ? 2 : 3;
+constexpr int kStages = kBN == 128 && !DENSE_MHA_OVERLAP ? 2 : 3;
 constexpr int kDQK = kQkHeadDim;           // 192
 constexpr int kDNope = kNopeDim;           // 128
 constexpr int kDV = kVHeadDim;             // 128
@@ -63,8 +66,6 @@ static_assert(kRowsPerWg == 64);
 constexpr int kRowBytes = 128;                     // one swizzled row: 64 bf16
 constexpr int kAtomBytes = 8 * kRowBytes;          // 8 rows: the swizzle period
 constexpr int kQkBlocks = kDQK / 64;               // 3 column blocks of Q / K
-constexpr int kNopeChunks = kDNope / 8;            // 16-byte chunks of a row from kv_up
-constexpr int kQkChunks = kDQK / 8;                // 24
 constexpr int kVChunks = kDV / 8;                  // 16
 constexpr int kQWgBytes = kQkBlocks * kRowsPerWg * kRowBytes;  // 24 KiB
 constexpr int kQBytes = kWarpGroups * kQWgBytes;
@@ -75,8 +76,8 @@ constexpr int kVBytes = (kDV / 64) * kVBlockBytes;
 constexpr int kStageBytes = kKBytes + kVBytes;
 constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;  // + slack to align to 1024
 static_assert(kSmemBytes <= 227 * 1024);
-static_assert((kBM * kQkChunks) % kThreads == 0 && (kBN * kQkChunks) % kThreads == 0 &&
-              (kBN * kVChunks) % kThreads == 0, "loads split evenly over the block");
+static_assert(kThreads == 256 && kBM % 32 == 0 && kBN % 32 == 0, "load passes cover whole tiles");
+static_assert(kVBlockBytes == kKBlockBytes);
 
 constexpr int kSRegs = kBN / 2;    // S accumulator floats per thread (m64 x kBN)
 constexpr int kSBlocks = kBN / 8;  // n8 blocks of S
@@ -106,7 +107,10 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Keeps the compiler from moving accesses of wgmma accumulators across the
 // fence / wait instructions (it cannot see that wgmma writes them late).
 template <int N>
@@ -116,7 +120,7 @@ __device__ __forceinline__ void pin_registers(float (&r)[N]) {
 }
 
 // d (+)= A (64x16, K-major smem) * B (16x64, K-major smem); d is zeroed first when !accumulate.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
+__device__ __forceinline__ void wgmma_m64nNk16_ss(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
                                                   int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -125,7 +129,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], std::uint64_t
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 // d (+)= A (64x16, K-major smem) * B (16x128, K-major smem); d is zeroed first when !accumulate.
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
+__device__ __forceinline__ void wgmma_m64nNk16_ss(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
                                                   int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -195,40 +199,46 @@ __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const DenseMhaPa
   const __nv_bfloat16* kv_head = p.kv_up + req.kv_row_start * kv_row_stride + head * kKvUpRow;
   const __nv_bfloat16* latent_req = p.latent + req.kv_row_start * kLatentKeyDim + kLatentDim;
 
-  // ---- Q tile -> shared memory (rows past q_len read the last valid row).
+  // ---- loads. A thread copies a fixed 16-byte column chunk of every 16th row
+  // (columns 0..127 of Q / K, and V) or every 32nd row (columns 128..191:
+  // q_pe / k_pe), so the swizzle term is the same for all its rows and one row
+  // pointer serves K and V. Rows past q_len / seq_len read the last valid row.
+  const int wide_chunk = tid % 16, wide_row0 = tid / 16;  // 16 chunks x 16 rows per pass
+  const int rope_chunk = tid % 8, rope_row0 = tid / 8;    // 8 chunks x 32 rows per pass
+  const std::uint32_t wide_dst = sw128(wide_row0, wide_chunk % 8);
+  const std::uint32_t rope_dst = sw128(rope_row0, rope_chunk);
 #pragma unroll
-  for (int i = 0; i < kBM * kQkChunks / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = idx / kQkChunks;
-    const int chunk = idx % kQkChunks;
-    const int q_row = min(m0 + row, req.q_len - 1);
-    const std::uint32_t dst = s_q + (row / kRowsPerWg) * kQWgBytes + (chunk / 8) * (kRowsPerWg * kRowBytes) +
-                              sw128(row % kRowsPerWg, chunk % 8);
-    cp_async_16(dst, q_head + q_row * q_row_stride + chunk * 8);
+  for (int pass = 0; pass < kBM / 16; ++pass) {
+    const int row = wide_row0 + pass * 16;
+    const std::uint32_t dst = s_q + (row / kRowsPerWg) * kQWgBytes + (wide_chunk / 8) * (kRowsPerWg * kRowBytes) +
+                              (row % kRowsPerWg) * kRowBytes + (wide_dst & (kRowBytes - 1));
+    cp_async_16(dst, q_head + min(m0 + row, req.q_len - 1) * q_row_stride + wide_chunk * 8);
+  }
+#pragma unroll
+  for (int pass = 0; pass < kBM / 32; ++pass) {
+    const int row = rope_row0 + pass * 32;
+    const std::uint32_t dst = s_q + (row / kRowsPerWg) * kQWgBytes + 2 * (kRowsPerWg * kRowBytes) +
+                              (row % kRowsPerWg) * kRowBytes + (rope_dst & (kRowBytes - 1));
+    cp_async_16(dst, q_head + min(m0 + row, req.q_len - 1) * q_row_stride + kDNope + rope_chunk * 8);
   }
 
   auto load_kv_tile = [&](int tile, int stage) {
     const std::uint32_t s_k = s_stage0 + stage * kStageBytes;
     const std::uint32_t s_v = s_k + kKBytes;
+    const std::uint32_t wide_block = (wide_chunk / 8) * kKBlockBytes;  // K and V blocks have the same size
 #pragma unroll
-    for (int i = 0; i < kBN * kQkChunks / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      const int row = idx / kQkChunks;
-      const int chunk = idx % kQkChunks;
-      const std::int64_t pos = min(tile * kBN + row, kv_len - 1);
-      const __nv_bfloat16* src = chunk < kNopeChunks
-                                     ? kv_head + pos * kv_row_stride + chunk * 8
-                                     : latent_req + pos * kLatentKeyDim + (chunk - kNopeChunks) * 8;
-      cp_async_16(s_k + (chunk / 8) * kKBlockBytes + sw128(row, chunk % 8), src);
+    for (int pass = 0; pass < kBN / 16; ++pass) {
+      const __nv_bfloat16* src = kv_head + min(tile * kBN + wide_row0 + pass * 16, kv_len - 1) * kv_row_stride + wide_chunk * 8;
+      const std::uint32_t off = wide_block + wide_dst + pass * 16 * kRowBytes;
+      cp_async_16(s_k + off, src);          // k_nope
+      cp_async_16(s_v + off, src + kDNope);  // v
     }
 #pragma unroll
-    for (int i = 0; i < kBN * kVChunks / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      const int row = idx / kVChunks;
-      const int chunk = idx % kVChunks;
-      const std::int64_t pos = min(tile * kBN + row, kv_len - 1);
-      cp_async_16(s_v + (chunk / 8) * kVBlockBytes + sw128(row, chunk % 8),
-                  kv_head + pos * kv_row_stride + kDNope + chunk * 8);
+    for (int pass = 0; pass < kBN / 32; ++pass) {
+      const __nv_bfloat16* src =
+          latent_req + static_cast<std::int64_t>(min(tile * kBN + rope_row0 + pass * 32, kv_len - 1)) * kLatentKeyDim +
+          rope_chunk * 8;
+      cp_async_16(s_k + 2 * kKBlockBytes + rope_dst + pass * 32 * kRowBytes, src);  // k_pe
     }
   };
 
@@ -247,13 +257,167 @@ __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const DenseMhaPa
   const int row_in_wg = warp_in_wg * 16 + g;  // + 8 for the second row
 
   float acc_o[2][kOHalfRegs];
+  float acc_s[kSRegs];  // overwritten by the first wgmma of every tile (scale-d = 0)
 #pragma unroll
   for (int i = 0; i < kOHalfRegs; ++i) acc_o[0][i] = acc_o[1][i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) acc_s[i] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) running max
   float row_sum[2] = {0.f, 0.f};              // this lane's partial sum of exp2
   const float scale_log2 = p.softmax_scale * kLog2e;
   const std::uint32_t s_q_wg = s_q + wg * kQWgBytes;
 
+  // S = Q K^T for the tile in `stage` (64 x kBN per warpgroup), issued, not waited for.
+  auto issue_s = [&](int stage) {
+    const std::uint32_t s_k = s_stage0 + stage * kStageBytes;
+#pragma unroll
+    for (int s = 0; s < kDQK / 16; ++s) {
+      const std::uint32_t k_off = (s % 4) * 32;  // 16 columns = 32 bytes into the row
+      const std::uint64_t da = smem_desc(s_q_wg + (s / 4) * (kRowsPerWg * kRowBytes) + k_off, 16, kAtomBytes);
+      const std::uint64_t db = smem_desc(s_k + (s / 4) * kKBlockBytes + k_off, 16, kAtomBytes);
+      wgmma_m64nNk16_ss(acc_s, da, db, s > 0 ? 1 : 0);  // N = kBN, by overload
+    }
+    wgmma_commit();
+  };
+  // O += P V for the tile in `stage`, issued, not waited for.
+  auto issue_pv = [&](int stage, const std::uint32_t (&pf)[kBN / 16][4]) {
+    const std::uint32_t s_v = s_stage0 + stage * kStageBytes + kKBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // 16 keys = two 8-key atoms; N = 64 stays inside one column block, so
+        // only the 8-key stride (1024) matters: pass it as both offsets.
+        const std::uint64_t db = smem_desc(s_v + h * kVBlockBytes + kk * 2 * kAtomBytes, kAtomBytes, kAtomBytes);
+        wgmma_m64n64k16_rs_mn(acc_o[h], pf[kk], db);
+      }
+    }
+    wgmma_commit();
+  };
+  // Mask + online softmax of acc_s for `tile`: updates the row statistics,
+  // writes P (bf16 A fragments) and the factor O must be scaled by.
+  auto softmax = [&](int tile, std::uint32_t (&pf)[kBN / 16][4], float (&alpha)[2]) {
+    if (tile * kBN + kBN - 1 > wg_first_limit) {  // causal mask, diagonal tiles only
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = tile * kBN + nb * 8 + 2 * t + (e & 1);
+          const int limit = wg_first_limit + row_in_wg + (e >= 2 ? 8 : 0);
+          if (key > limit) acc_s[nb * 4 + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // rows g and g + 8
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb)
+        tile_max = fmaxf(tile_max, fmaxf(acc_s[nb * 4 + 2 * r], acc_s[nb * 4 + 2 * r + 1]));
+      tile_max = quad_max(tile_max);
+      const float new_max = fmaxf(row_max[r], tile_max);
+      // A row with no visible key in any tile so far keeps max -inf: use 0 as
+      // the offset so that exp2(-inf - offset) = 0 instead of NaN.
+      const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+      alpha[r] = fast_exp2(row_max[r] * scale_log2 - offset);
+      row_max[r] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb) {
+        float& x0 = acc_s[nb * 4 + 2 * r];
+        float& x1 = acc_s[nb * 4 + 2 * r + 1];
+        x0 = fast_exp2(fmaf(x0, scale_log2, -offset));
+        x1 = fast_exp2(fmaf(x1, scale_log2, -offset));
+        sum += x0 + x1;
+      }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      pf[kk][0] = pack_bf16(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+      pf[kk][1] = pack_bf16(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+      pf[kk][2] = pack_bf16(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+      pf[kk][3] = pack_bf16(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+    }
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kOHalfRegs; ++i) acc_o[h][i] *= alpha[(i / 2) % 2];
+    }
+  };
+  // P must stay in its registers until the wgmma that reads it has completed.
+  auto pin_p = [](const std::uint32_t (&pf)[kBN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      asm volatile("" ::"r"(pf[kk][0]), "r"(pf[kk][1]), "r"(pf[kk][2]), "r"(pf[kk][3]) : "memory");
+  };
+
+#if DENSE_MHA_OVERLAP
+  // Tile j's S GEMM runs while tile j-1's P V GEMM runs, and tile j's softmax
+  // overlaps that P V GEMM. Loads run one tile ahead; with 3 stages the stage
+  // being refilled (tile j+1) last held tile j-2, whose P V finished in j-1.
+  static_assert(kStages == 3);
+  std::uint32_t p_prev[kBN / 16][4];
+  auto next_tile_ready = [&](int it) {  // tile `it` visible to all, tile it + 1 requested
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (it + 1 < num_key_tiles) load_kv_tile(num_key_tiles - 2 - it, (it + 1) % kStages);
+    cp_async_commit();
+  };
+  next_tile_ready(0);
+  if (wg_active) {  // first tile: S and softmax only (O is still 0)
+    float alpha[2];
+    wgmma_fence();
+    issue_s(0);
+    wgmma_wait<0>();
+    pin_registers(acc_s);
+    softmax(num_key_tiles - 1, p_prev, alpha);
+  }
+  // One tile of the steady state: S(it) and P(it-1) V(it-1) in flight
+  // together, then softmax(it) while P V finishes. P alternates between two
+  // register sets (the loop below is unrolled by two) so no copy sits between
+  // a wgmma and the registers it reads.
+  auto steady_step = [&](int it, const std::uint32_t (&p_in)[kBN / 16][4], std::uint32_t (&p_out)[kBN / 16][4]) {
+    next_tile_ready(it);
+    if (!wg_active) return;
+    wgmma_fence();
+    issue_s(it % kStages);
+    issue_pv((it - 1) % kStages, p_in);
+    wgmma_wait<1>();
+    pin_registers(acc_s);
+    float alpha[2];
+    softmax(num_key_tiles - 1 - it, p_out, alpha);
+    wgmma_wait<0>();
+    pin_registers(acc_o[0]);
+    pin_registers(acc_o[1]);
+    pin_p(p_in);
+    rescale_o(alpha);
+  };
+  std::uint32_t p_other[kBN / 16][4];
+  int it = 1;
+  for (; it + 1 < num_key_tiles; it += 2) {
+    steady_step(it, p_prev, p_other);
+    steady_step(it + 1, p_other, p_prev);
+  }
+  if (it < num_key_tiles) {
+    steady_step(it, p_prev, p_other);
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p_prev[kk][i] = p_other[kk][i];
+  }
+  if (wg_active) {
+    wgmma_fence();
+    issue_pv((num_key_tiles - 1) % kStages, p_prev);
+    wgmma_wait<0>();
+    pin_registers(acc_o[0]);
+    pin_registers(acc_o[1]);
+    pin_p(p_prev);
+  }
+#else
   for (int it = 0; it < num_key_tiles; ++it) {
     const int tile = num_key_tiles - 1 - it;
     const int stage = it % kStages;
@@ -267,98 +431,22 @@ __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const DenseMhaPa
     }
     if (tile >= wg_key_tiles) continue;  // every row of this warpgroup ends before this tile
 
-    const std::uint32_t s_k = s_stage0 + stage * kStageBytes;
-    const std::uint32_t s_v = s_k + kKBytes;
-
-    // ---- S = Q K^T (64 x kBN per warpgroup)
-    float acc_s[kSRegs];
     wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kDQK / 16; ++s) {
-      const std::uint32_t k_off = (s % 4) * 32;  // 16 columns = 32 bytes into the row
-      const std::uint64_t da = smem_desc(s_q_wg + (s / 4) * (kRowsPerWg * kRowBytes) + k_off, 16, kAtomBytes);
-      const std::uint64_t db = smem_desc(s_k + (s / 4) * kKBlockBytes + k_off, 16, kAtomBytes);
-      if constexpr (kBN == 128)
-        wgmma_m64n128k16_ss(acc_s, da, db, s > 0 ? 1 : 0);
-      else
-        wgmma_m64n64k16_ss(acc_s, da, db, s > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
+    issue_s(stage);
+    wgmma_wait<0>();
     pin_registers(acc_s);
-
-    // ---- causal mask, only where the tile reaches past this warpgroup's first row
-    if (tile * kBN + kBN - 1 > wg_first_limit) {
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = tile * kBN + nb * 8 + 2 * t + (e & 1);
-          const int limit = wg_first_limit + row_in_wg + (e >= 2 ? 8 : 0);
-          if (key > limit) acc_s[nb * 4 + e] = -INFINITY;
-        }
-      }
-    }
-
-    // ---- online softmax (rows g and g + 8)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb)
-        tile_max = fmaxf(tile_max, fmaxf(acc_s[nb * 4 + 2 * r], acc_s[nb * 4 + 2 * r + 1]));
-      tile_max = quad_max(tile_max);
-      const float new_max = fmaxf(row_max[r], tile_max);
-      // A row with no visible key in any tile so far keeps max -inf: use 0 as
-      // the offset so that exp2(-inf - offset) = 0 instead of NaN.
-      const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-      const float alpha = fast_exp2(row_max[r] * scale_log2 - offset);
-      row_max[r] = new_max;
-      float sum = 0.f;
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb) {
-        float& x0 = acc_s[nb * 4 + 2 * r];
-        float& x1 = acc_s[nb * 4 + 2 * r + 1];
-        x0 = fast_exp2(fmaf(x0, scale_log2, -offset));
-        x1 = fast_exp2(fmaf(x1, scale_log2, -offset));
-        sum += x0 + x1;
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int nb = 0; nb < kOHalfRegs / 4; ++nb) {
-          acc_o[h][nb * 4 + 2 * r] *= alpha;
-          acc_o[h][nb * 4 + 2 * r + 1] *= alpha;
-        }
-      }
-    }
-
-    // ---- O += P V
     std::uint32_t p_frag[kBN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      p_frag[kk][0] = pack_bf16(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
-      p_frag[kk][1] = pack_bf16(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
-      p_frag[kk][2] = pack_bf16(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
-      p_frag[kk][3] = pack_bf16(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
-    }
+    float alpha[2];
+    softmax(tile, p_frag, alpha);
+    rescale_o(alpha);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // 16 keys = two 8-key atoms; N = 64 stays inside one column block, so
-        // only the 8-key stride (1024) matters: pass it as both offsets.
-        const std::uint64_t db = smem_desc(s_v + h * kVBlockBytes + kk * 2 * kAtomBytes, kAtomBytes, kAtomBytes);
-        wgmma_m64n64k16_rs_mn(acc_o[h], p_frag[kk], db);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait_all();
+    issue_pv(stage, p_frag);
+    wgmma_wait<0>();
     pin_registers(acc_o[0]);
     pin_registers(acc_o[1]);
+    pin_p(p_frag);
   }
+#endif
   if (!wg_active) return;
 
   // ---- epilogue: normalise, stage the warp's 16 x 128 output in its

@@ -495,7 +495,8 @@ std::string markdown(const Report& rep) {
           std::string(to_string(rep.options.prefill_cache)) + ", topk 2048\n\n";
     table(false);
     md += "Dense route vs sparse route (the dense fast path's gain):\n\n";
-    md += "| S | H | dense route ms | sparse route ms | sparse / dense | max abs diff of outputs |\n|---|---|---|---|---|---|\n";
+    md += "| S | H | dense route ms | sparse route ms | sparse / dense | max abs diff of outputs |\n";
+    md += "|---|---|---|---|---|---|\n";
     for (const Row& r : rep.rows) {
       if (r.work.decode || r.what != What::dense_route) continue;
       const Row* s = find_row(rep.rows, What::sparse_route, r.work);
@@ -541,7 +542,8 @@ void print_table(const Report& rep) {
     } else {
       std::printf("%9s %8s %6s %6s %6s ", "error", "", "", "", "");
     }
-    if (r.anchor) std::printf("%9.3f %7.2fx", r.anchor->ms, r.ok() ? r.anchor->ms / r.median_ms() : 0.0);
+    if (r.anchor) std::printf("%9.3f", r.anchor->ms);
+    if (r.anchor && r.ok()) std::printf(" %7.2fx", r.anchor->ms / r.median_ms());
     std::printf("%s\n", r.error.empty() ? "" : ("  ERROR: " + r.error).c_str());
   }
   std::fflush(stdout);
@@ -674,7 +676,7 @@ class Runner {
       prepare(w, copies);
     } catch (const std::exception& e) {
       for (Row& r : out) r.error = std::string("input setup: ") + e.what();
-      note_device_error(e);
+      note_device_error();
       rows.insert(rows.end(), out.begin(), out.end());
       release();
       return;
@@ -692,7 +694,7 @@ class Runner {
       } catch (const std::exception& e) {
         r.error = e.what();
         progress("  error: %s", e.what());
-        note_device_error(e);
+        note_device_error();
       }
     }
     rows.insert(rows.end(), out.begin(), out.end());
@@ -709,7 +711,7 @@ class Runner {
 
   // After a failure, a device that no longer synchronises cleanly has a
   // sticky error: every later row would fail the same way, so skip them.
-  void note_device_error(const std::exception&) {
+  void note_device_error() {
     try {
       dev::synchronize_and_check(nullptr, "device state after a failed row");
     } catch (const std::exception& e) {
@@ -750,10 +752,7 @@ class Runner {
     dev::fill_causal_topk(spec, nullptr, block_table_.as<const std::int32_t>(), slots_.as<std::int32_t>(),
                           valid_counts_.as<std::int32_t>(), s);
     dev::fill_iota(lse_rows_.as<std::int32_t>(), static_cast<int>(t), s);
-    if (!w.decode) {
-      dense_schedule_ = dev::upload_dense_schedule(dense_requests_of(w));
-      dense_out_ = dev::DeviceBuffer(t * h * kVHeadDim * 2);
-    }
+    if (!w.decode) dense_out_ = dev::DeviceBuffer(t * h * kVHeadDim * 2);
 
     const float weight_scale = 1.0f / std::sqrt(static_cast<float>(kLatentDim));
     copies_.clear();
@@ -796,7 +795,6 @@ class Runner {
     slots_ = {};
     valid_counts_ = {};
     lse_rows_ = {};
-    dense_schedule_ = {};
     dense_out_ = {};
   }
 
@@ -884,7 +882,7 @@ class Runner {
     record_check(r, check);
     if (reference != nullptr) r.max_abs_diff_vs_dense = check.max_abs_diff;
     if (dense && !w.decode) {
-      dev::copy_device(dense_out_.data(), in0.out.data(), count * 2);
+      dev::copy_device(dense_out_.data(), in0.out.data(), count * 2, s);
       dense_ok_ = true;
     } else if (!dense) {
       dense_ok_ = false;
@@ -895,12 +893,13 @@ class Runner {
     const Work& w = work_;
     void* s = stream_.handle();
     const int n = r.input_copies;
+    const dev::DenseSchedule schedule = dev::upload_dense_schedule(dense_requests_of(w));
     auto args = [&](InputCopy& in) {
       dev::DenseKernelArgs a;
       a.q = in.q.as<const std::uint16_t>();
       a.kv_up = in.kv_up.as<const std::uint16_t>();
       a.latent = in.latent.as<const std::uint16_t>();
-      a.schedule = &dense_schedule_;
+      a.schedule = &schedule;
       a.num_heads = w.heads;
       a.softmax_scale = static_cast<float>(default_softmax_scale());
       a.out = in.out.as<std::uint16_t>();
@@ -960,13 +959,13 @@ class Runner {
   std::vector<InputCopy> copies_;
   dev::DeviceBuffer block_table_, seq_lens_, query_start_loc_, slot_mapping_;
   dev::DeviceBuffer slots_, valid_counts_, lse_rows_;
-  dev::DenseSchedule dense_schedule_;
   dev::DeviceBuffer dense_out_;  // dense route output of copy 0, compared with the sparse route's
   bool dense_ok_ = false;
 };
 
 std::vector<Work> work_list(const Options& o) {
-  const std::vector<int> seq_lens = o.quick ? std::vector<int>{1024} : std::vector<int>{128, 256, 512, 1024, 2048, 4096};
+  const std::vector<int> seq_lens =
+      o.quick ? std::vector<int>{1024} : std::vector<int>{128, 256, 512, 1024, 2048, 4096};
   const std::vector<int> prefill_heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 16};
   const std::vector<int> decode_heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 64};
   const std::vector<int> batches = o.quick ? std::vector<int>{64} : std::vector<int>{1, 16, 64, 128};
@@ -1010,7 +1009,8 @@ int run_bench(const Options& options) {
             std::to_string(info.l2_bytes >> 20) + " MiB, driver " + std::to_string(info.driver_version) +
             ", runtime " + std::to_string(info.runtime_version) + ")";
   rep.gpu_json = {{"name", info.name},
-                  {"compute_capability", std::to_string(info.compute_major) + "." + std::to_string(info.compute_minor)},
+                  {"compute_capability",
+                   std::to_string(info.compute_major) + "." + std::to_string(info.compute_minor)},
                   {"multiprocessors", info.multiprocessors},
                   {"l2_bytes", info.l2_bytes},
                   {"memory_bytes", info.global_memory_bytes},
@@ -1036,7 +1036,8 @@ int run_bench(const Options&) {
 }  // namespace
 
 int bench_main(int argc, char** argv) {
-  const Args args("bench", {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"}},
+  const Args args("bench",
+                  {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"}},
                   argc, argv);
   if (args.help()) {
     std::fputs(kUsage, stdout);

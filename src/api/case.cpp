@@ -411,10 +411,8 @@ io::Tensor make_tensor(DType dtype, std::vector<std::int64_t> shape, const std::
   return t;
 }
 
-}  // namespace
-
-Case load_case(const std::string& path) {
-  const io::File f = io::read_safetensors(path);
+// The Case in a parsed case file; Error naming the tensor or metadata key otherwise.
+Case case_from_file(const io::File& f) {
   const auto& meta = f.metadata;
   Case c;
   const std::int64_t any = -1;
@@ -436,7 +434,7 @@ Case load_case(const std::string& path) {
 
   constexpr int kIntMax = std::numeric_limits<int>::max();
   if (T > kIntMax || H > kIntMax || R > kIntMax - 1 || block_table.shape[1] > kIntMax)
-    throw Error("case file '" + path + "': an extent of q or block_table does not fit in int32");
+    throw Error("an extent of tensor 'q' or 'block_table' does not fit in int32");
 
   // Cache geometry: block_size from the tensor, cache_format from metadata or
   // (when absent) from the bytes per token, which differ between the formats.
@@ -504,6 +502,18 @@ Case load_case(const std::string& path) {
   if (topk) copy_tensor(*topk, c.topk_indices);
   c.check_shapes();
   return c;
+}
+
+}  // namespace
+
+Case load_case(const std::string& path) {
+  // Errors of the reader name the file already; those about the contents get its name here.
+  const io::File f = io::read_safetensors(path);
+  try {
+    return case_from_file(f);
+  } catch (const Error& e) {
+    throw Error("case file '" + path + "': " + e.what());
+  }
 }
 
 void save_case(const std::string& path, const Case& c) {

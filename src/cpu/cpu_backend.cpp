@@ -23,12 +23,17 @@
 //    gives it zero weight.
 //  - CacheFormat::fp8: the absorbed query [q_lat | q_pe] (576) is quantised before the
 //    scores as x -> e4m3(x / q_scale) * q_scale, the way the GPU feeds e4m3 to both sides
-//    of the score product. The dense path uses the bf16 query unchanged.
+//    of the score product; q_lat is quantised straight from its float accumulation. The
+//    code e4m3(x / q_scale) is exactly representable in bf16, so a bf16 workspace holds it
+//    without loss; rounding q_lat to bf16 *before* quantising would flip about 3% of the
+//    e4m3 roundings (measured: lse off by up to 0.09 against float64, outside the fp8
+//    tolerance). The dense path uses the bf16 query unchanged.
 //  - float32 mode rounds to bf16 exactly the values the GPU keeps in bf16 workspaces
-//    (Plan::ws_*): the absorbed query, the latent output o_lat, the gathered latent rows of
-//    dense requests and their up-projected K/V. That keeps float32 close to the GPU, and
-//    the float32-vs-float64 tests then show the GPU's intermediate precision fits the
-//    tolerances. float64 mode never rounds an intermediate; only the output is bf16.
+//    (Plan::ws_*): the absorbed query (bf16 / fp8_ds_mla caches), the latent output
+//    o_lat, the gathered latent rows of dense requests and their up-projected K/V. That
+//    keeps float32 close to the GPU, and the float32-vs-float64 tests then show that the
+//    GPU's intermediate precision fits the tolerances. float64 mode never rounds an
+//    intermediate; only the outputs are rounded (out to bf16, lse to float).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -41,6 +46,7 @@
 #include <vector>
 
 #include "api/backend_impl.hpp"
+#include "cpu/kernels.hpp"
 #include "cpu/parallel.hpp"
 #include "dsmla/format.hpp"
 #include "format/token_codec.hpp"
@@ -48,11 +54,17 @@
 namespace dsmla {
 namespace {
 
+using cpu::dot;
+using cpu::matmul;
+using cpu::softmax_in_place;
 using format_detail::bf16_bits_to_float;
 
 // Heads per work item. Every supported H is a multiple of 16; a group shares the
 // keys (sparse) or the up-projected K/V buffer (dense) while they are in cache.
 constexpr int kHeadGroup = 16;
+// Tokens (or positions) per work item on the paths that multiply by w_kv_b: every
+// weight row loaded serves the whole block while it is in L1.
+constexpr int kTokenBlock = 16;
 
 template <class Real>
 Real workspace_round(Real x) {
@@ -61,39 +73,6 @@ Real workspace_round(Real x) {
   } else {
     return x;
   }
-}
-
-// sum a[i] * b[i] for n a multiple of 8. Eight independent partial sums let the
-// compiler vectorise the loop without reassociation flags.
-template <class Real>
-Real dot(const Real* a, const Real* b, int n) {
-  constexpr int kLanes = 8;
-  Real acc[kLanes] = {};
-  for (int i = 0; i < n; i += kLanes)
-    for (int k = 0; k < kLanes; ++k) acc[k] += a[i + k] * b[i + k];
-  Real sum = 0;
-  for (int k = 0; k < kLanes; ++k) sum += acc[k];
-  return sum;
-}
-
-// y[i] += alpha * x[i]
-template <class Real>
-void axpy(Real alpha, const Real* x, Real* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-// Turns n >= 1 scores into softmax probabilities in place; returns their lse.
-template <class Real>
-Real softmax_in_place(Real* s, int n) {
-  const Real m = *std::max_element(s, s + n);
-  Real sum = 0;
-  for (int i = 0; i < n; ++i) {
-    s[i] = std::exp(s[i] - m);
-    sum += s[i];
-  }
-  const Real inv = Real(1) / sum;
-  for (int i = 0; i < n; ++i) s[i] *= inv;
-  return m + std::log(sum);
 }
 
 template <class Real>
@@ -221,7 +200,7 @@ class Forward {
 
   // ------------------------------------------------------------ sparse path
   void run_sparse() {
-    const std::size_t n = plan_.sparse_tokens.size();
+    const std::int64_t n = static_cast<std::int64_t>(plan_.sparse_tokens.size());
     const std::size_t topk = static_cast<std::size_t>(plan_.options.topk);
     const BatchDesc batch = batch_of(plan_, in_);
     // Validates every index of every sparse row (token and column named on error).
@@ -241,7 +220,7 @@ class Forward {
 
     // Valid entries move to the front of their row (order kept): count[i] of them.
     std::vector<int> count(n);
-    cpu::parallel_for(static_cast<std::int64_t>(n), threads_, [&](std::int64_t i) {
+    cpu::parallel_for(n, threads_, [&](std::int64_t i) {
       std::int32_t* row = rows.data() + i * topk;
       int valid = 0;
       for (std::size_t j = 0; j < topk; ++j)
@@ -251,58 +230,100 @@ class Forward {
       count[i] = valid;
     });
 
+    // Work item: a block of sparse tokens x a group of heads. The block lets the
+    // absorption and the output projection reuse each weight row across tokens; it
+    // shrinks when there are too few items to keep every thread busy.
     const int groups = heads_ / kHeadGroup;
-    cpu::parallel_for(static_cast<std::int64_t>(n) * groups, threads_, [&](std::int64_t item) {
-      const std::int64_t i = item / groups;
-      sparse_item(plan_.sparse_tokens[i], rows.data() + i * topk, count[i],
-                  static_cast<int>(item % groups) * kHeadGroup);
+    const std::int64_t block = std::clamp<std::int64_t>(n * groups / (4 * threads_), 1, kTokenBlock);
+    const std::int64_t blocks = (n + block - 1) / block;
+    cpu::parallel_for(blocks * groups, threads_, [&](std::int64_t item) {
+      const std::int64_t i0 = (item / groups) * block;
+      sparse_block(i0, std::min(n, i0 + block), rows.data(), count.data(),
+                   static_cast<int>(item % groups) * kHeadGroup);
     });
   }
 
-  // q_abs[0:576] = [W_UK(h)^T q_nope | q_pe] of token t, head h.
-  void absorb_query(std::int64_t t, int h, Real* q_abs) const {
-    const std::uint16_t* q = q_row(t, h);
-    std::fill(q_abs, q_abs + kLatentDim, Real(0));
-    const Real* w = w_uk(h);
-    for (int n = 0; n < kNopeDim; ++n)
-      axpy<Real>(bf16_bits_to_float(q[n]), w + std::size_t(n) * kLatentDim, q_abs, kLatentDim);
-    if (format_ != CacheFormat::fp8) for (int c = 0; c < kLatentDim; ++c) q_abs[c] = workspace_round(q_abs[c]);
-    for (int r = 0; r < kRopeDim; ++r) q_abs[kLatentDim + r] = bf16_bits_to_float(q[kNopeDim + r]);
-    if (format_ == CacheFormat::fp8)
-      for (int c = 0; c < kLatentKeyDim; ++c) q_abs[c] = quantize_query_e4m3(q_abs[c], in_.q_scale);
+  // Sparse tokens i0..i1 (indices into plan.sparse_tokens), heads h0..h0+16.
+  void sparse_block(std::int64_t i0, std::int64_t i1, const std::int32_t* key_rows, const int* count,
+                    int h0) const {
+    const std::size_t topk = static_cast<std::size_t>(plan_.options.topk);
+    const int nt = static_cast<int>(i1 - i0);
+    std::vector<std::int64_t> tokens(nt);
+    for (int k = 0; k < nt; ++k) tokens[k] = plan_.sparse_tokens[i0 + k];
+
+    std::vector<Real> q_abs(std::size_t(nt) * kHeadGroup * kLatentKeyDim);  // [token][head][576]
+    std::vector<Real> o_lat(std::size_t(nt) * kHeadGroup * kLatentDim);     // [token][head][512]
+    absorb_queries(tokens, h0, q_abs.data());
+    std::vector<Real> p;
+    for (int k = 0; k < nt; ++k) {
+      const int n = count[i0 + k];
+      if (n == 0) continue;
+      attend_latent(tokens[k], key_rows + (i0 + k) * topk, n, h0,
+                    q_abs.data() + std::size_t(k) * kHeadGroup * kLatentKeyDim,
+                    o_lat.data() + std::size_t(k) * kHeadGroup * kLatentDim, p);
+    }
+    project_outputs(tokens, h0, o_lat.data());
+    // Tokens without a valid index: out 0, lse -inf (overwrites the projection of o_lat).
+    for (int k = 0; k < nt; ++k)
+      if (count[i0 + k] == 0) write_zero_rows(in_, heads_, tokens[k], h0, h0 + kHeadGroup);
   }
 
-  // out[t, h0..h0+16) and lse over the `count` keys listed in key_rows.
-  void sparse_item(std::int64_t t, const std::int32_t* key_rows, int count, int h0) const {
-    if (count == 0) {
-      write_zero_rows(in_, heads_, t, h0, h0 + kHeadGroup);
-      return;
+  // q_abs[token][g] = [W_UK(h)^T q_nope | q_pe] for h = h0 + g, quantised for fp8.
+  void absorb_queries(const std::vector<std::int64_t>& tokens, int h0, Real* q_abs) const {
+    const std::size_t nt = tokens.size();
+    auto row = [&](std::size_t k, int g) { return q_abs + (k * kHeadGroup + g) * kLatentKeyDim; };
+    for (int g = 0; g < kHeadGroup; ++g) {
+      const int h = h0 + g;
+      const Real* w = w_uk(h);
+      for (std::size_t k = 0; k < nt; ++k) std::fill(row(k, g), row(k, g) + kLatentDim, Real(0));
+      for (int n = 0; n < kNopeDim; ++n)
+        for (std::size_t k = 0; k < nt; ++k)
+          axpy<Real>(bf16_bits_to_float(q_row(tokens[k], h)[n]), w + std::size_t(n) * kLatentDim, row(k, g),
+                     kLatentDim);
+      for (std::size_t k = 0; k < nt; ++k) {
+        Real* q_abs_row = row(k, g);
+        const std::uint16_t* q_pe = q_row(tokens[k], h) + kNopeDim;
+        for (int r = 0; r < kRopeDim; ++r) q_abs_row[kLatentDim + r] = bf16_bits_to_float(q_pe[r]);
+        if (format_ == CacheFormat::fp8) {
+          // Quantised straight from the accumulator, never via bf16 (see the top of the file).
+          for (int c = 0; c < kLatentKeyDim; ++c) q_abs_row[c] = quantize_query_e4m3(q_abs_row[c], in_.q_scale);
+        } else {
+          for (int c = 0; c < kLatentDim; ++c) q_abs_row[c] = workspace_round(q_abs_row[c]);
+        }
+      }
     }
-    std::vector<Real> q_abs(kHeadGroup * kLatentKeyDim);
-    std::vector<Real> p(static_cast<std::size_t>(kHeadGroup) * count);
-    std::vector<Real> o_lat(kHeadGroup * kLatentDim, Real(0));
-    for (int g = 0; g < kHeadGroup; ++g) absorb_query(t, h0 + g, q_abs.data() + g * kLatentKeyDim);
+  }
 
+  // Token t, heads h0..h0+16 over its n >= 1 keys: writes lse and o_lat ([16][512]).
+  void attend_latent(std::int64_t t, const std::int32_t* key_rows, int n, int h0, const Real* q_abs,
+                     Real* o_lat, std::vector<Real>& p) const {
+    p.assign(std::size_t(kHeadGroup) * n, Real(0));
     const Real scale = in_.softmax_scale;
-    for (int j = 0; j < count; ++j) {
+    for (int j = 0; j < n; ++j) {
       const Real* key = keys_.data() + std::size_t(key_rows[j]) * kLatentKeyDim;
       for (int g = 0; g < kHeadGroup; ++g)
-        p[std::size_t(g) * count + j] = scale * dot(q_abs.data() + g * kLatentKeyDim, key, kLatentKeyDim);
+        p[std::size_t(g) * n + j] = scale * dot(q_abs + g * kLatentKeyDim, key, kLatentKeyDim);
     }
     for (int g = 0; g < kHeadGroup; ++g)
-      in_.lse[t * heads_ + h0 + g] = static_cast<float>(softmax_in_place(p.data() + std::size_t(g) * count, count));
-    for (int j = 0; j < count; ++j) {
+      in_.lse[t * heads_ + h0 + g] = static_cast<float>(softmax_in_place(p.data() + std::size_t(g) * n, n));
+    for (int j = 0; j < n; ++j) {
       const Real* kv_c = keys_.data() + std::size_t(key_rows[j]) * kLatentKeyDim;
-      for (int g = 0; g < kHeadGroup; ++g)
-        axpy(p[std::size_t(g) * count + j], kv_c, o_lat.data() + g * kLatentDim, kLatentDim);
+      for (int g = 0; g < kHeadGroup; ++g) axpy(p[std::size_t(g) * n + j], kv_c, o_lat + g * kLatentDim, kLatentDim);
     }
+    for (int c = 0; c < kHeadGroup * kLatentDim; ++c) o_lat[c] = workspace_round(o_lat[c]);
+  }
+
+  // out[token, h] = W_UV(h) o_lat[token][g] for h = h0 + g.
+  void project_outputs(const std::vector<std::int64_t>& tokens, int h0, const Real* o_lat) const {
     for (int g = 0; g < kHeadGroup; ++g) {
-      Real* o = o_lat.data() + g * kLatentDim;
-      for (int c = 0; c < kLatentDim; ++c) o[c] = workspace_round(o[c]);
       const int h = h0 + g;
-      std::uint16_t* out = in_.out + (t * heads_ + h) * kVHeadDim;
-      for (int v = 0; v < kVHeadDim; ++v)
-        out[v] = float_to_bf16(static_cast<float>(dot(w_uv(h) + std::size_t(v) * kLatentDim, o, kLatentDim)));
+      for (int v = 0; v < kVHeadDim; ++v) {
+        const Real* w = w_uv(h) + std::size_t(v) * kLatentDim;
+        for (std::size_t k = 0; k < tokens.size(); ++k) {
+          const Real o = dot(w, o_lat + (k * kHeadGroup + g) * kLatentDim, kLatentDim);
+          in_.out[(tokens[k] * heads_ + h) * kVHeadDim + v] = float_to_bf16(static_cast<float>(o));
+        }
+      }
     }
   }
 
@@ -327,48 +348,68 @@ class Forward {
       for (int c = 0; c < kLatentKeyDim; ++c) row[c] = workspace_round(row[c]);
     });
 
-    // Per head group: [k_nope | v] (256) of every position and head, then the query rows.
-    std::vector<Real> kv_up(S * kHeadGroup * kKvBRowsPerHead);
+    // Per group of 16 heads: kv_up[g][pos] = [W_UK(h) kv_c | W_UV(h) kv_c] (256) for every
+    // position, computed by blocks of positions so each weight row serves the whole block;
+    // then blocks of query rows, so each head's K/V is streamed once per block.
+    std::vector<Real> kv_up(std::size_t(kHeadGroup) * S * kKvBRowsPerHead);
+    const std::int64_t pos_blocks = (S + kTokenBlock - 1) / kTokenBlock;
+    const std::int64_t row_blocks = (d.q_len + kTokenBlock - 1) / kTokenBlock;
     for (int h0 = 0; h0 < heads_; h0 += kHeadGroup) {
-      cpu::parallel_for(S, threads_, [&](std::int64_t pos) {
-        const Real* kv_c = latent.data() + pos * kLatentKeyDim;
-        for (int g = 0; g < kHeadGroup; ++g) {
-          const Real* w = w_uk(h0 + g);  // W_UK then W_UV: 256 rows
-          Real* dst = kv_up.data() + (pos * kHeadGroup + g) * kKvBRowsPerHead;
-          for (int row = 0; row < kKvBRowsPerHead; ++row)
-            dst[row] = workspace_round(dot(w + std::size_t(row) * kLatentDim, kv_c, kLatentDim));
-        }
+      cpu::parallel_for(pos_blocks * kHeadGroup, threads_, [&](std::int64_t item) {
+        const int g = static_cast<int>(item % kHeadGroup);
+        const std::int64_t p0 = (item / kHeadGroup) * kTokenBlock, p1 = std::min(S, p0 + kTokenBlock);
+        const Real* w = w_uk(h0 + g);  // W_UK(h) then W_UV(h): 256 rows
+        Real* dst = kv_up.data() + std::size_t(g) * S * kKvBRowsPerHead;
+        for (int row = 0; row < kKvBRowsPerHead; ++row)
+          for (std::int64_t pos = p0; pos < p1; ++pos)
+            dst[pos * kKvBRowsPerHead + row] =
+                workspace_round(dot(w + std::size_t(row) * kLatentDim, latent.data() + pos * kLatentKeyDim, kLatentDim));
       });
-      cpu::parallel_for(d.q_len, threads_, [&](std::int64_t i) {
-        dense_row(d, latent.data(), kv_up.data(), i, h0);
+      cpu::parallel_for(row_blocks * kHeadGroup, threads_, [&](std::int64_t item) {
+        const int g = static_cast<int>(item % kHeadGroup);
+        const std::int64_t i0 = (item / kHeadGroup) * kTokenBlock;
+        dense_rows(d, latent.data(), kv_up.data() + std::size_t(g) * S * kKvBRowsPerHead, i0,
+                   std::min<std::int64_t>(d.q_len, i0 + kTokenBlock), h0 + g);
       });
     }
   }
 
-  // Causal attention of query row i of request d (token q_start + i) over
-  // positions 0..ctx+i, heads h0..h0+16.
-  void dense_row(const DenseRequest& d, const Real* latent, const Real* kv_up, std::int64_t i,
-                 int h0) const {
-    const std::int64_t t = d.q_start + i;
-    const int n = static_cast<int>(d.ctx_len + i + 1);
-    std::vector<Real> q(kQkHeadDim), p(n), out(kVHeadDim);
+  // Causal attention of query rows i0..i1 of request d (tokens q_start + i) for head h:
+  // row i attends to positions 0..ctx+i. kv_up is this head's [S][256] K_nope | V.
+  void dense_rows(const DenseRequest& d, const Real* latent, const Real* kv_up, std::int64_t i0,
+                  std::int64_t i1, int h) const {
+    const int rows = static_cast<int>(i1 - i0);
+    const std::int64_t n_max = d.ctx_len + i1;  // positions seen by the last row
+    std::vector<Real> q(std::size_t(rows) * kQkHeadDim);
+    std::vector<Real> p(std::size_t(rows) * n_max);
+    std::vector<Real> out(std::size_t(rows) * kVHeadDim, Real(0));
+    auto seen = [&](int r) { return d.ctx_len + i0 + r + 1; };  // positions row r attends to
+    for (int r = 0; r < rows; ++r) {
+      const std::uint16_t* qb = q_row(d.q_start + i0 + r, h);
+      for (int c = 0; c < kQkHeadDim; ++c) q[std::size_t(r) * kQkHeadDim + c] = bf16_bits_to_float(qb[c]);
+    }
     const Real scale = in_.softmax_scale;
-    for (int g = 0; g < kHeadGroup; ++g) {
-      const int h = h0 + g;
-      const std::uint16_t* qb = q_row(t, h);
-      for (int c = 0; c < kQkHeadDim; ++c) q[c] = bf16_bits_to_float(qb[c]);
-      for (int s = 0; s < n; ++s) {
-        const Real* k_nope = kv_up + (std::size_t(s) * kHeadGroup + g) * kKvBRowsPerHead;
-        const Real* k_pe = latent + std::size_t(s) * kLatentKeyDim + kLatentDim;
-        p[s] = scale * (dot(q.data(), k_nope, kNopeDim) + dot(q.data() + kNopeDim, k_pe, kRopeDim));
+    for (std::int64_t s = 0; s < n_max; ++s) {
+      const Real* k_nope = kv_up + s * kKvBRowsPerHead;
+      const Real* k_pe = latent + s * kLatentKeyDim + kLatentDim;
+      for (int r = 0; r < rows; ++r) {
+        if (s >= seen(r)) continue;
+        const Real* qr = q.data() + std::size_t(r) * kQkHeadDim;
+        p[r * n_max + s] = scale * (dot(qr, k_nope, kNopeDim) + dot(qr + kNopeDim, k_pe, kRopeDim));
       }
-      in_.lse[t * heads_ + h] = static_cast<float>(softmax_in_place(p.data(), n));
-      std::fill(out.begin(), out.end(), Real(0));
-      for (int s = 0; s < n; ++s)
-        axpy(p[s], kv_up + (std::size_t(s) * kHeadGroup + g) * kKvBRowsPerHead + kNopeDim, out.data(),
-             kVHeadDim);
-      std::uint16_t* dst = in_.out + (t * heads_ + h) * kVHeadDim;
-      for (int v = 0; v < kVHeadDim; ++v) dst[v] = float_to_bf16(static_cast<float>(out[v]));
+    }
+    for (int r = 0; r < rows; ++r) {
+      const std::int64_t t = d.q_start + i0 + r;
+      in_.lse[t * heads_ + h] = static_cast<float>(softmax_in_place(p.data() + r * n_max, static_cast<int>(seen(r))));
+    }
+    for (std::int64_t s = 0; s < n_max; ++s) {
+      const Real* v = kv_up + s * kKvBRowsPerHead + kNopeDim;
+      for (int r = 0; r < rows; ++r)
+        if (s < seen(r)) axpy(p[r * n_max + s], v, out.data() + std::size_t(r) * kVHeadDim, kVHeadDim);
+    }
+    for (int r = 0; r < rows; ++r) {
+      std::uint16_t* dst = in_.out + ((d.q_start + i0 + r) * heads_ + h) * kVHeadDim;
+      for (int c = 0; c < kVHeadDim; ++c) dst[c] = float_to_bf16(static_cast<float>(out[std::size_t(r) * kVHeadDim + c]));
     }
   }
 

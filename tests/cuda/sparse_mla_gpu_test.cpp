@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -142,36 +143,45 @@ Reference reference(const Problem& pr) {
   Reference ref;
   ref.o.assign(static_cast<std::size_t>(pr.num_tokens) * H * kLatentDim, 0.0);
   ref.lse.assign(static_cast<std::size_t>(pr.num_tokens) * H, -INFINITY);
-  std::vector<double> q(kLatentKeyDim), scores, acc(kLatentDim);
+  // Valid keys of each token: the clamped prefix without out-of-range slots.
+  std::vector<std::vector<const float*>> keys(pr.num_tokens);
   for (int i = 0; i < pr.num_tokens; ++i) {
-    std::vector<const float*> keys;
     const std::int32_t* row = pr.slots.data() + static_cast<std::size_t>(i) * pr.topk;
     for (int j = 0; j < std::clamp(pr.counts[i], 0, pr.topk); ++j)
-      if (row[j] >= 0 && row[j] < pr.num_slots) keys.push_back(pr.keys.data() + static_cast<std::size_t>(row[j]) * kLatentKeyDim);
-    if (keys.empty()) continue;
-    for (int h = 0; h < H; ++h) {
-      const std::uint16_t* qh = pr.q.data() + (static_cast<std::size_t>(i) * H + h) * kLatentKeyDim;
-      for (int d = 0; d < kLatentKeyDim; ++d) q[d] = query_as_used(pr, qh[d]);
-      scores.assign(keys.size(), 0.0);
-      double mx = -INFINITY;
-      for (std::size_t s = 0; s < keys.size(); ++s) {
-        double dot = 0;
-        for (int d = 0; d < kLatentKeyDim; ++d) dot += q[d] * keys[s][d];
-        scores[s] = pr.softmax_scale * dot;
-        mx = std::max(mx, scores[s]);
-      }
-      double sum = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (std::size_t s = 0; s < keys.size(); ++s) {
-        const double w = std::exp(scores[s] - mx);
-        sum += w;
-        for (int d = 0; d < kLatentDim; ++d) acc[d] += w * keys[s][d];
-      }
-      const std::size_t out = (static_cast<std::size_t>(i) * H + h);
-      for (int d = 0; d < kLatentDim; ++d) ref.o[out * kLatentDim + d] = acc[d] / sum;
-      ref.lse[out] = mx + std::log(sum);
-    }
+      if (row[j] >= 0 && row[j] < pr.num_slots)
+        keys[i].push_back(pr.keys.data() + static_cast<std::size_t>(row[j]) * kLatentKeyDim);
   }
+  auto one_row = [&](int i, int h) {
+    if (keys[i].empty()) return;
+    std::vector<double> q(kLatentKeyDim), scores(keys[i].size()), acc(kLatentDim, 0.0);
+    const std::uint16_t* qh = pr.q.data() + (static_cast<std::size_t>(i) * H + h) * kLatentKeyDim;
+    for (int d = 0; d < kLatentKeyDim; ++d) q[d] = query_as_used(pr, qh[d]);
+    double mx = -INFINITY;
+    for (std::size_t s = 0; s < keys[i].size(); ++s) {
+      double dot = 0;
+      for (int d = 0; d < kLatentKeyDim; ++d) dot += q[d] * keys[i][s][d];
+      scores[s] = pr.softmax_scale * dot;
+      mx = std::max(mx, scores[s]);
+    }
+    double sum = 0;
+    for (std::size_t s = 0; s < keys[i].size(); ++s) {
+      const double w = std::exp(scores[s] - mx);
+      sum += w;
+      for (int d = 0; d < kLatentDim; ++d) acc[d] += w * keys[i][s][d];
+    }
+    const std::size_t out = static_cast<std::size_t>(i) * H + h;
+    for (int d = 0; d < kLatentDim; ++d) ref.o[out * kLatentDim + d] = acc[d] / sum;
+    ref.lse[out] = mx + std::log(sum);
+  };
+  // (token, head) rows are independent: spread them over the host's cores.
+  const int rows = pr.num_tokens * H;
+  const int workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w)
+    pool.emplace_back([&, w] {
+      for (int r = w; r < rows; r += workers) one_row(r / H, r % H);
+    });
+  for (auto& t : pool) t.join();
   return ref;
 }
 

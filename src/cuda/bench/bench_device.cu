@@ -366,8 +366,10 @@ OutputCheck check_bf16_output(const std::uint16_t* a, const std::uint16_t* b, st
   return out;
 }
 
-void copy_device(void* dst, const void* src, std::size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy_device");
+void copy_device(void* dst, const void* src, std::size_t bytes, void* stream) {
+  // cudaMemcpy does not wait for a device-to-device copy: queue it on the stream and wait.
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)), "copy_device");
+  check(cudaStreamSynchronize(as_stream(stream)), "copy_device");
 }
 
 }  // namespace dsmla::cuda::bench

@@ -134,8 +134,8 @@ struct OutputCheck {
 OutputCheck check_bf16_output(const std::uint16_t* a, const std::uint16_t* b, std::size_t count,
                               void* stream);
 
-// Synchronous device -> device copy.
-void copy_device(void* dst, const void* src, std::size_t bytes);
+// Device -> device copy on `stream`, complete when this returns.
+void copy_device(void* dst, const void* src, std::size_t bytes, void* stream);
 
 // ---------------------------------------------------------------- ceilings
 // Times C = A * B for n x n x n bf16 matrices (random, fp32 accumulation)

@@ -2,6 +2,7 @@
 // the workspace layout and the kernel that merges split partial results.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -145,18 +146,21 @@ std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk) 
                              num_heads);
 }
 
-void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
+namespace sparse_mla_detail {
+
+void launch_sparse_mla_with(const SparseMlaParams& p, ScorePath path, cudaStream_t stream) {
   check_params(p);
   if (p.num_tokens == 0) return;
   const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, multiprocessor_count());
 
-  sparse_mla_detail::KernelArgs args;
+  KernelArgs args;
   args.p = p;
   args.split_keys = split.split_keys;
   args.num_splits = split.num_splits;
   if (split.num_splits > 1) {
     if (p.workspace == nullptr || reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlign != 0) {
-      throw Error("sparse MLA: " + std::to_string(split.num_splits) + "-way split needs a 256-byte aligned workspace of " +
+      throw Error("sparse MLA: " + std::to_string(split.num_splits) +
+                  "-way split needs a 256-byte aligned workspace of " +
                   std::to_string(workspace_bytes_for(split, p.num_tokens, p.num_heads)) + " bytes");
     }
     auto* base = static_cast<std::uint8_t*>(p.workspace);
@@ -165,11 +169,9 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   }
 
   switch (p.format) {
-    case CacheFormat::bf16: sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::bf16>(args, stream); break;
-    case CacheFormat::fp8_ds_mla:
-      sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(args, stream);
-      break;
-    case CacheFormat::fp8: sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8>(args, stream); break;
+    case CacheFormat::bf16: run_sparse_mla_kernel<CacheFormat::bf16>(args, path, stream); break;
+    case CacheFormat::fp8_ds_mla: run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(args, path, stream); break;
+    case CacheFormat::fp8: run_sparse_mla_kernel<CacheFormat::fp8>(args, path, stream); break;
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw Error(std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(err));
@@ -182,6 +184,18 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
     err = cudaGetLastError();
     if (err != cudaSuccess) throw Error(std::string("sparse MLA combine launch failed: ") + cudaGetErrorString(err));
   }
+}
+
+}  // namespace sparse_mla_detail
+
+void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
+  // TEMPORARY (measurement session): DSMLA_SPARSE_SCORE_PATH=mma_sync selects the other S path.
+  static const sparse_mla_detail::ScorePath path = [] {
+    const char* env = std::getenv("DSMLA_SPARSE_SCORE_PATH");
+    return env != nullptr && std::string(env) == "mma_sync" ? sparse_mla_detail::ScorePath::mma_sync
+                                                            : sparse_mla_detail::ScorePath::wgmma;
+  }();
+  sparse_mla_detail::launch_sparse_mla_with(p, path, stream);
 }
 
 }  // namespace dsmla::cuda

@@ -1,42 +1,46 @@
 // Sparse MLA forward kernel (DESIGN §2, absorbed "MQA" path) for sm_90a.
 //
 // Work split
-//   One CTA per (token, group of up to 64 heads, split of the top-k range);
-//   256 threads = 8 warps in two "head groups" of 4 warps, each owning 32 heads.
-//   All heads share the keys (MQA), so a tile of 64 keys is gathered once per
-//   CTA and serves all 64 heads, for both products:
-//     S = Q K^T  : warp (group g, w = 0..3) computes heads [16*(w/2), +16) of its
-//                  group against keys [32*(w%2), +32) of the tile, full 576 dims
-//                  (16 fp32 accumulators per thread).
-//     O += P V   : warp w of group g owns O[32 heads x 128 columns 128w..] in
-//                  registers (128 fp32 per thread); V = the first 512 columns of
-//                  the same smem key tile, P comes from smem.
-//   Online softmax in the log2 domain: the two key-halves of a head exchange
-//   their tile row-maxima through smem; every warp of a group then derives the
-//   same running max for its 32 heads, so O is rescaled locally; row sums are
-//   kept per key-half and added in the epilogue. Tensor cores: mma.sync
-//   m16n8k16 bf16 -> fp32, operands through ldmatrix (V with .trans).
-//   Heads beyond num_heads in a partial group run on zero queries and are not
-//   stored; a group with no head at all only helps loading.
+//   One CTA per (token, block of up to 64 heads, split of the top-k range),
+//   256 threads = 8 warps = 2 warpgroups. All heads share the keys (MQA), so a
+//   tile of 64 keys is gathered once per CTA and serves all 64 heads in both
+//   products:
+//     S = Q K^T  warpgroup k computes all 64 heads x keys [32k, 32k+32) of the
+//                tile over the 576 dims (wgmma m64n32k16, Q and K from smem;
+//                or, ScorePath::mma_sync, warp w of the group computes heads
+//                [16w, +16) with mma.sync m16n8k16). Either way warp w of
+//                warpgroup k holds S rows 16w.. x keys 32k.. as 16 fp32 per thread.
+//     O += P V   the heads form two groups of 32; warp (w, k) takes group w/2
+//                and O columns [128c, +128) with c = (w & 1) + 2k, so its S rows
+//                lie in its own O rows. O stays in registers (128 fp32 per
+//                thread); mma.sync m16n8k16 with P and V (the first 512 columns
+//                of the same smem key tile) through ldmatrix (V with .trans).
+//   Online softmax in the log2 domain: the two key halves of a head exchange
+//   tile row maxima through smem; every warp derives the same running max for
+//   its rows, so O is rescaled locally; row sums are kept per key half and
+//   added in the epilogue. Heads beyond num_heads run on zero queries and are
+//   not stored; a head group with no head at all skips its softmax and P V.
 //
-// Shared memory (230,656 B; rows of 1152 B = 72 chunks of 16 B, chunk c of
-// row r stored at chunk c ^ (r & 7) so that ldmatrix is conflict-free)
+// Shared memory (230,656 B + 1 KB to align the base to 1024 B)
 //   Q      [64 heads][576] bf16                  73,728 B (loaded once)
 //   K[2]   [64 keys][576] bf16, double buffer   147,456 B
-//   P      [64 heads][64 keys] bf16 (128 B rows)  8,192 B
-//   red    [2 groups][2 key halves][32] fp32         512 B (row maxima, then sums)
+//   P      [64 heads][64 keys] bf16               8,192 B
+//   red    [2 key halves][64 heads] fp32            512 B (row maxima, then sums)
 //   slots  [3][64] int32 ring of the slot numbers of tiles t, t+1, t+2
+//   Q and K tiles use the wgmma "128-byte swizzle, K-major" layout: 9 blocks of
+//   64 dims, each [64 rows][128 B], 16-byte chunk c of row r stored at c ^ (r & 7).
+//   ldmatrix rows of one 8x8 matrix then hit eight distinct bank groups.
 //
-// Pipeline (tile t, key buffer t&1)
-//   top:  wait for this thread's cp.async groups, __syncthreads
+// Pipeline (tile t, key buffer t & 1)
+//   top:  wait for this thread's cp.async groups, proxy fence, __syncthreads
 //         bf16 cache: cp.async gather of tile t+1 into K[(t+1)&1] (zero-filled
-//         for empty / out-of-range slots, which are never read), and the slot
+//         for empty / out-of-range slots, which are never read) and of the slot
 //         numbers of tile t+2 into the ring; one commit group.
 //         fp8 caches: the gather of tile t+1 goes through registers in two
-//         halves: global loads issued before S (resp. before P V) and
-//         dequantised into K[(t+1)&1] as bf16 after it, so the loads' latency
-//         hides behind the tensor-core work.
-//   S, mask (key index >= valid count or slot out of range -> -inf), row max
+//         parts: global loads issued before S (resp. before P V), dequantised
+//         into K[(t+1)&1] as bf16 after it, so their latency hides behind the
+//         tensor-core work.
+//   S, mask (position >= valid count or slot out of range -> -inf), row max
 //   -> smem, __syncthreads, rescale O, P = exp2(S - m) -> smem, __syncthreads,
 //   O += P V.
 //   Split-KV (decode): the CTA of split z covers top-k positions
@@ -48,6 +52,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
@@ -59,17 +64,22 @@ inline constexpr int kHeadsPerCta = 64;
 inline constexpr int kTileKeys = 64;
 inline constexpr int kKeyDim = kLatentKeyDim;      // 576
 inline constexpr int kValueDim = kLatentDim;       // 512
-inline constexpr int kRowBytes = kKeyDim * 2;      // one bf16 row of Q / K in smem
-inline constexpr int kRowChunks = kRowBytes / 16;  // 72
+inline constexpr int kRowChunks = kKeyDim * 2 / 16;  // 72 chunks of 16 B per Q / K row
+inline constexpr int kDimBlockBytes = 64 * 128;    // one 64-dim block of a 64-row tile
 
-// Byte offsets into dynamic shared memory.
+// Byte offsets into dynamic shared memory (from a 1024-byte aligned base).
 inline constexpr int kSmemQ = 0;
-inline constexpr int kSmemK = kSmemQ + kHeadsPerCta * kRowBytes;
-inline constexpr int kSmemKBytes = kTileKeys * kRowBytes;
+inline constexpr int kSmemKBytes = kTileKeys * kKeyDim * 2;
+inline constexpr int kSmemK = kSmemQ + kHeadsPerCta * kKeyDim * 2;
 inline constexpr int kSmemP = kSmemK + 2 * kSmemKBytes;
 inline constexpr int kSmemRed = kSmemP + kHeadsPerCta * kTileKeys * 2;
-inline constexpr int kSmemSlots = kSmemRed + 2 * 2 * 32 * 4;
-inline constexpr int kSmemBytes = kSmemSlots + 3 * kTileKeys * 4;
+inline constexpr int kSmemSlots = kSmemRed + 2 * kHeadsPerCta * 4;
+inline constexpr int kSmemUsed = kSmemSlots + 3 * kTileKeys * 4;
+inline constexpr int kSmemAlign = 1024;  // 128-byte swizzle atoms must be 1024-byte aligned
+inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
+
+// How S = Q K^T is computed (P V always uses mma.sync).
+enum class ScorePath : int { wgmma = 0, mma_sync = 1 };
 
 struct KernelArgs {
   SparseMlaParams p;
@@ -79,9 +89,9 @@ struct KernelArgs {
   float* part_o = nullptr;     // [num_splits, num_tokens, num_heads, 512]
 };
 
-// Launches the attention kernel for one cache format (one instantiation per .cu).
+// Launches the attention kernel for one cache format (one format per .cu file).
 template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream);
+void run_sparse_mla_kernel(const KernelArgs& args, ScorePath path, cudaStream_t stream);
 
 // ---------------------------------------------------------------- PTX helpers
 
@@ -102,6 +112,11 @@ __device__ __forceinline__ void cp_async_4(std::uint32_t dst, const void* src, i
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Makes this thread's generic-proxy smem writes visible to wgmma (async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -125,6 +140,28 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle
+// layout whose 8-row groups are 1024 B apart (the leading offset is unused).
+__device__ __forceinline__ std::uint64_t sw128_desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{1} << 16) |
+         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+// Keeps the compiler from moving accumulator accesses across wgmma fences.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d[4x4] += A (64 x 16, K-major smem) * B (32 x 16, K-major smem)^T for the warpgroup.
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t desc_a, std::uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -142,9 +179,14 @@ __device__ __forceinline__ void st_shared_16(std::uint32_t addr, uint4 v) {
                : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
-__device__ __forceinline__ std::uint32_t swz(int row, int row_bytes, int chunk) {
-  return static_cast<std::uint32_t>(row * row_bytes + ((chunk ^ (row & 7)) << 4));
+// Byte offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) in a Q / K tile.
+__device__ __forceinline__ std::uint32_t tile_offset(int row, int chunk) {
+  return static_cast<std::uint32_t>((chunk >> 3) * kDimBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Byte offset of chunk `chunk` (0..7) of row `row` in P ([64][64] bf16, 128-byte rows).
+__device__ __forceinline__ std::uint32_t p_offset(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
 // Two e4m3 (low byte first) -> bf16x2 of value * scale.
@@ -187,11 +229,11 @@ struct Fp8Gather {
   static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
   static constexpr int kChunksPerKey = kDsMla ? 40 : 36;
   static constexpr int kPerThread = kTileKeys * kChunksPerKey / kThreads;  // 10 or 9
+  static_assert(kTileKeys * kChunksPerKey % kThreads == 0);
   // Part 0 is held in registers across S = Q K^T, which keeps more registers
   // live than P V does, so it is the smaller part.
   static constexpr int kPart0 = 4;
   static constexpr int kMaxPart = kPerThread - kPart0;
-  static_assert(kTileKeys * kChunksPerKey % kThreads == 0);
   static constexpr int kBytesPerToken = kDsMla ? kDsMlaRopeOffset + 2 * kRopeDim : kLatentKeyDim;
 
   uint4 raw[kMaxPart];
@@ -239,14 +281,14 @@ struct Fp8Gather {
       const int key = c / kChunksPerKey;
       const int ch = c - key * kChunksPerKey;
       if (kDsMla && ch >= 32) {
-        st_shared_16(kbuf + swz(key, kRowBytes, 64 + (ch - 32)), raw[u]);
+        st_shared_16(kbuf + tile_offset(key, 64 + (ch - 32)), raw[u]);
       } else {
         uint4 lo, hi;
         e4m3x16_to_bf16(raw[u], scale[u], lo, hi);
         // Odd chunks store their upper half first: neighbouring threads then
         // hit all eight 16-byte bank groups in each store instruction.
-        const std::uint32_t a_lo = kbuf + swz(key, kRowBytes, 2 * ch);
-        const std::uint32_t a_hi = kbuf + swz(key, kRowBytes, 2 * ch + 1);
+        const std::uint32_t a_lo = kbuf + tile_offset(key, 2 * ch);
+        const std::uint32_t a_hi = kbuf + tile_offset(key, 2 * ch + 1);
         if (ch & 1) {
           st_shared_16(a_hi, hi);
           st_shared_16(a_lo, lo);
@@ -261,9 +303,9 @@ struct Fp8Gather {
 
 // ---------------------------------------------------------------- the kernel
 
-template <CacheFormat F>
+template <CacheFormat F, ScorePath kScorePath>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArgs args) {
-  extern __shared__ __align__(1024) std::uint8_t smem[];
+  extern __shared__ __align__(16) std::uint8_t smem_raw[];
   constexpr bool kBf16Cache = F == CacheFormat::bf16;
   const SparseMlaParams& p = args.p;
 
@@ -275,15 +317,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int grp = warp >> 2;          // head group: heads [32*grp, +32) of the CTA
-  const int wig = warp & 3;           // warp in group
-  const int s_heads = wig >> 1;       // S role: heads [16*s_heads, +16) of the group
-  const int s_keys = wig & 1;         // S role: keys [32*s_keys, +32) of the tile
-  const int o_cols = wig;             // PV role: O columns [128*o_cols, +128)
+  const int s_blk = warp & 3;                    // S rows: heads [16*s_blk, +16) of the CTA
+  const int s_keys = warp >> 2;                  // S columns: keys [32*s_keys, +32) (= warpgroup)
+  const int grp = s_blk >> 1;                    // P V rows: heads [32*grp, +32)
+  const int o_cols = (warp & 1) + 2 * s_keys;    // P V columns: [128*o_cols, +128)
   const bool grp_active = 32 * grp < heads_here;
-  const int g = lane >> 2;            // mma fragment row
-  const int tq = lane & 3;            // mma fragment column pair
-  const int r7 = lane & 7;            // swizzle phase of every ldmatrix row this lane addresses
+  const int g = lane >> 2;   // mma fragment row
+  const int tq = lane & 3;   // mma fragment column pair
+  const int r7 = lane & 7;   // swizzle phase of every ldmatrix row this lane addresses
 
   const int count = min(max(p.valid_counts[token], 0), p.topk);
   const int key_begin = split * args.split_keys;
@@ -293,11 +334,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   const std::uint8_t* __restrict__ cache = p.kv_cache;
   const std::int64_t num_slots = p.num_slots;
 
-  const std::uint32_t s_base = smem_addr(smem);
+  const std::uint32_t raw_base = smem_addr(smem_raw);
+  const std::uint32_t align_pad = (kSmemAlign - (raw_base & (kSmemAlign - 1))) & (kSmemAlign - 1);
+  std::uint8_t* smem = smem_raw + align_pad;
+  const std::uint32_t s_base = raw_base + align_pad;
   const std::uint32_t sQ = s_base + kSmemQ;
   const std::uint32_t sK = s_base + kSmemK;
   const std::uint32_t sP = s_base + kSmemP;
-  float* red = reinterpret_cast<float*>(smem + kSmemRed);       // [grp][key half][32]
+  float* red = reinterpret_cast<float*>(smem + kSmemRed);                   // [key half][64 heads]
   std::int32_t* ring = reinterpret_cast<std::int32_t*>(smem + kSmemSlots);  // [3][64]
 
   // Slot numbers of tile t land in ring[t % 3] two tiles ahead of use.
@@ -323,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       const int ch = c - key * kRowChunks;
       const bool ok = key_ok(t, key);
       const std::int64_t slot = ok ? ring[(t % 3) * kTileKeys + key] : 0;
-      cp_async_16(kbuf + swz(key, kRowBytes, ch), cache + slot * kRowBytes + ch * 16, ok ? 16 : 0);
+      cp_async_16(kbuf + tile_offset(key, ch), cache + slot * (kKeyDim * 2) + ch * 16, ok ? 16 : 0);
     }
   };
 
@@ -346,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
           v.z = fake_quant_bf16x2(v.z, q_scale);
           v.w = fake_quant_bf16x2(v.w, q_scale);
         }
-        st_shared_16(sQ + swz(row, kRowBytes, ch), v);
+        st_shared_16(sQ + tile_offset(row, ch), v);
       }
     } else {
 #pragma unroll 6
@@ -355,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
         const int row = c / kRowChunks;
         const int ch = c - row * kRowChunks;
         const bool in = row < heads_here;
-        cp_async_16(sQ + swz(row, kRowBytes, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
+        cp_async_16(sQ + tile_offset(row, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
       }
     }
     cp_async_commit();
@@ -376,32 +420,34 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     cp_async_commit();
   }
 
-  // ---- per-lane ldmatrix addressing
-  // S = Q K^T: A rows = this warp's 16 heads, B rows = its 32 keys (two x4 loads of 16 keys).
-  const std::uint32_t q_lane = sQ + (32 * grp + 16 * s_heads + (lane & 15)) * kRowBytes;
+  // ---- per-lane ldmatrix addressing (rows of every 8x8 matrix are 8 consecutive
+  // tile rows, so (row & 7) == r7 for all of them)
+  // S with mma.sync: A rows = heads 16*s_blk + (lane & 15), B rows = keys (two x4 loads of 16).
+  const int q_row = 16 * s_blk + (lane & 15);
   const int q_sel = lane >> 4;
-  const std::uint32_t k_lane_off = (32 * s_keys + (lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
+  const int k_row = 32 * s_keys + (lane & 7) + ((lane >> 4) << 3);
   const int k_sel = (lane >> 3) & 1;
   // O += P V: A rows = P of the group's 32 heads (two m-tiles), B = V rows (keys), .trans.
-  const std::uint32_t p_lane = sP + (32 * grp + (lane & 15)) * (kTileKeys * 2);
-  const std::uint32_t v_lane_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes;
+  const std::uint32_t p_lane = sP + (32 * grp + (lane & 15)) * 128;
+  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3);
   const int v_sel = lane >> 4;
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  float o[2][16][4];  // [m-tile: heads 16*mt..][n-tile: 8 columns][fragment]
+  float o[2][16][4];  // [m-tile: group heads 16*mt..][n-tile: 8 columns][fragment]
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
-  // Running max (log2 domain) of O rows 16*mt + 8*hi + g; row sums of S rows 16*s_heads + 8*hi + g
-  // over this warp's key half.
+  // Running max (log2 domain) of O rows 32*grp + 16*mt + 8*hi + g; the S rows
+  // 16*s_blk + 8*hi + g are those with mt = s_blk & 1. Row sums over this warp's key half.
   float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
   float l_run[2] = {0.f, 0.f};
 
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait_all();
+    fence_proxy_async();
     __syncthreads();  // tile t and the slots of tile t+1 are in smem; tile t-1 is consumed
     if constexpr (kBf16Cache) {
       if (t + 1 < num_tiles) issue_tile_bf16(t + 1);
@@ -419,27 +465,49 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       if (gather_next) gather.template load<0>(cache, p.k_scale, tid, ok_next, slot_next);
     }
 
-    // ---- S = Q K^T for 16 heads x 32 keys
+    // ---- S = Q K^T: 16 heads x 32 keys per warp
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-    if (grp_active) {
-      const std::uint32_t k_lane = kbuf + k_lane_off;
-#pragma unroll 3
-      for (int kb = 0; kb < kRowChunks / 8; ++kb) {  // 64 dims = one 8-chunk swizzle group
+    if constexpr (kScorePath == ScorePath::wgmma) {
+      // The whole warpgroup takes part, inactive heads included (zero queries).
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          std::uint32_t a[4], b0[4], b1[4];
-          ldsm_x4(a, q_lane + kb * 128 + (((2 * j + q_sel) ^ r7) << 4));
-          const std::uint32_t koff = kb * 128 + (((2 * j + k_sel) ^ r7) << 4);
-          ldsm_x4(b0, k_lane + koff);
-          ldsm_x4(b1, k_lane + 16 * kRowBytes + koff);
-          mma_bf16(s[0], a, b0[0], b0[1]);
-          mma_bf16(s[1], a, b0[2], b0[3]);
-          mma_bf16(s[2], a, b1[0], b1[1]);
-          mma_bf16(s[3], a, b1[2], b1[3]);
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(s[nt][e]);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      const std::uint32_t b_base = kbuf + 32 * s_keys * 128;
+#pragma unroll
+      for (int ks = 0; ks < kKeyDim / 16; ++ks) {
+        const std::uint32_t off = (ks >> 2) * kDimBlockBytes + (ks & 3) * 32;
+        wgmma_m64n32k16(s, sw128_desc(sQ + off), sw128_desc(b_base + off));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(s[nt][e]);
+    } else {
+      if (16 * s_blk < heads_here) {
+        const std::uint32_t q_lane = sQ + q_row * 128;
+        const std::uint32_t k_lane = kbuf + k_row * 128;
+#pragma unroll 3
+        for (int kb = 0; kb < kRowChunks / 8; ++kb) {  // one 64-dim block
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            std::uint32_t a[4], b0[4], b1[4];
+            ldsm_x4(a, q_lane + kb * kDimBlockBytes + (((2 * j + q_sel) ^ r7) << 4));
+            const std::uint32_t koff = kb * kDimBlockBytes + (((2 * j + k_sel) ^ r7) << 4);
+            ldsm_x4(b0, k_lane + koff);
+            ldsm_x4(b1, k_lane + 16 * 128 + koff);
+            mma_bf16(s[0], a, b0[0], b0[1]);
+            mma_bf16(s[1], a, b0[2], b0[3]);
+            mma_bf16(s[2], a, b1[0], b1[1]);
+            mma_bf16(s[3], a, b1[2], b1[3]);
+          }
         }
       }
     }
@@ -448,8 +516,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     }
 
     // ---- mask, scale, tile row maxima of this warp's S rows
-    float mx[2] = {-INFINITY, -INFINITY};
     if (grp_active) {
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -466,21 +534,21 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
       }
       if (tq == 0) {
-        red[(grp * 2 + s_keys) * 32 + 16 * s_heads + g] = mx[0];
-        red[(grp * 2 + s_keys) * 32 + 16 * s_heads + 8 + g] = mx[1];
+        red[s_keys * kHeadsPerCta + 16 * s_blk + g] = mx[0];
+        red[s_keys * kHeadsPerCta + 16 * s_blk + 8 + g] = mx[1];
       }
     }
     __syncthreads();
 
-    // ---- online softmax: every warp of the group derives the same running max
+    // ---- online softmax: every warp derives the same running max for its rows
     if (grp_active) {
       float m_sub[2][2], alpha[2][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const int r = 16 * mt + 8 * hi + g;
-          const float tile_max = fmaxf(red[(grp * 2) * 32 + r], red[(grp * 2 + 1) * 32 + r]);
+          const int r = 32 * grp + 16 * mt + 8 * hi + g;
+          const float tile_max = fmaxf(red[r], red[kHeadsPerCta + r]);
           const float m_new = fmaxf(m_run[mt][hi], tile_max);
           // A row with no valid key so far keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
           m_sub[mt][hi] = m_new == -INFINITY ? 0.f : m_new;
@@ -496,20 +564,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
           o[mt][nt][2] *= alpha[mt][1];
           o[mt][nt][3] *= alpha[mt][1];
         }
-      const std::uint32_t p_row_lo = sP + (32 * grp + 16 * s_heads + g) * (kTileKeys * 2);
-      const std::uint32_t p_row_hi = p_row_lo + 8 * (kTileKeys * 2);
+      const bool upper = s_blk & 1;  // which m-tile of the group holds the S rows
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        const float msub = s_heads ? m_sub[1][hi] : m_sub[0][hi];
-        const float a = s_heads ? alpha[1][hi] : alpha[0][hi];
+        const float msub = upper ? m_sub[1][hi] : m_sub[0][hi];
+        const float a = upper ? alpha[1][hi] : alpha[0][hi];
+        const int row = 16 * s_blk + 8 * hi + g;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const float p0 = fast_exp2(s[nt][2 * hi] - msub);
           const float p1 = fast_exp2(s[nt][2 * hi + 1] - msub);
           sum += p0 + p1;
-          const std::uint32_t chunk = static_cast<std::uint32_t>((4 * s_keys + nt) ^ g);
-          const std::uint32_t addr = (hi ? p_row_hi : p_row_lo) + (chunk << 4) + tq * 4;
+          const std::uint32_t addr = sP + p_offset(row, 4 * s_keys + nt) + tq * 4;
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16x2(p0, p1)) : "memory");
         }
         l_run[hi] = l_run[hi] * a + sum;
@@ -522,17 +589,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
 
     // ---- O += P V for 32 heads x 128 columns
     if (grp_active) {
-      const std::uint32_t v_lane = kbuf + v_lane_off;
 #pragma unroll
       for (int ks = 0; ks < kTileKeys / 16; ++ks) {
         std::uint32_t a0[4], a1[4];
         ldsm_x4(a0, p_lane + (((2 * ks + q_sel) ^ r7) << 4));
-        ldsm_x4(a1, p_lane + 16 * (kTileKeys * 2) + (((2 * ks + q_sel) ^ r7) << 4));
+        ldsm_x4(a1, p_lane + 16 * 128 + (((2 * ks + q_sel) ^ r7) << 4));
+        const std::uint32_t v_lane = kbuf + (16 * ks + v_row) * 128;
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
           std::uint32_t b[4];
-          const int chunk = 16 * o_cols + 2 * np + v_sel;
-          ldsm_x4_trans(b, v_lane + ks * 16 * kRowBytes + ((chunk ^ r7) << 4));
+          const int chunk = 16 * o_cols + 2 * np + v_sel;  // columns 8*chunk..
+          ldsm_x4_trans(b, v_lane + (chunk >> 3) * kDimBlockBytes + (((chunk & 7) ^ r7) << 4));
           mma_bf16(o[0][2 * np], a0, b[0], b[1]);
           mma_bf16(o[0][2 * np + 1], a0, b[2], b[3]);
           mma_bf16(o[1][2 * np], a1, b[0], b[1]);
@@ -552,8 +619,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 2);
   }
   if (grp_active && tq == 0) {
-    red[(grp * 2 + s_keys) * 32 + 16 * s_heads + g] = l_run[0];
-    red[(grp * 2 + s_keys) * 32 + 16 * s_heads + 8 + g] = l_run[1];
+    red[s_keys * kHeadsPerCta + 16 * s_blk + g] = l_run[0];
+    red[s_keys * kHeadsPerCta + 16 * s_blk + 8 + g] = l_run[1];
   }
   __syncthreads();
   if (!grp_active) return;
@@ -566,10 +633,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      const int r = 16 * mt + 8 * hi + g;
-      if (32 * grp + r >= heads_here) continue;
-      const int head = h0 + 32 * grp + r;
-      const float l = red[(grp * 2) * 32 + r] + red[(grp * 2 + 1) * 32 + r];
+      const int r = 32 * grp + 16 * mt + 8 * hi + g;  // head within the CTA
+      if (r >= heads_here) continue;
+      const int head = h0 + r;
+      const float l = red[r] + red[kHeadsPerCta + r];
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const float lse = l > 0.f ? (m_run[mt][hi] + log2f(l)) * 0.6931471805599453f : -INFINITY;
       const std::int64_t row = out_row0 + head;
@@ -594,9 +661,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     }
 }
 
-template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
-  const auto kernel = sparse_mla_kernel<F>;
+template <CacheFormat F, ScorePath kScorePath>
+void launch_kernel(const KernelArgs& args, cudaStream_t stream) {
+  const auto kernel = sparse_mla_kernel<F, kScorePath>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) {
     throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
@@ -608,11 +675,21 @@ void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
 }
 
-}  // namespace dsmla::cuda::sparse_mla_detail
+template <CacheFormat F>
+void run_sparse_mla_kernel(const KernelArgs& args, ScorePath path, cudaStream_t stream) {
+  if (path == ScorePath::wgmma) {
+    launch_kernel<F, ScorePath::wgmma>(args, stream);
+  } else {
+    launch_kernel<F, ScorePath::mma_sync>(args, stream);
+  }
+}
 
-namespace dsmla::cuda::sparse_mla_detail {
 // Each format is compiled in its own translation unit (sparse_mla_<format>.cu).
-extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, cudaStream_t);
-extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, cudaStream_t);
-extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, ScorePath, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, ScorePath, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, ScorePath, cudaStream_t);
+
+// launch_sparse_mla with an explicit S path (benchmarks compare the two).
+void launch_sparse_mla_with(const SparseMlaParams& p, ScorePath path, cudaStream_t stream);
+
 }  // namespace dsmla::cuda::sparse_mla_detail

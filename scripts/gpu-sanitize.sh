@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# compute-sanitizer over a representative subset of the `gpu` tests:
+#   memcheck   the cache / index kernels, the tiny dense and sparse batches, the CUDA-graph
+#              replay, and the bad-index cases (-1, the last valid position, positions at and
+#              beyond seq_len and beyond the whole cache, on the unchecked run());
+#   racecheck  the shared-memory kernels (sparse MLA, dense MHA, the index conversion's scan)
+#              on the tiny batches;
+#   synccheck  the same, for barrier misuse.
+# Exits non-zero when any tool reports an error or a test fails.
+#   Usage: scripts/gpu-sanitize.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: scripts/gpu-sanitize.sh BUILD_DIR}
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+[ -x "$sanitizer" ] || { echo "gpu-sanitize: compute-sanitizer not found"; exit 1; }
+tests=$build/tests
+status=0
+
+# run TOOL TEST_BINARY GTEST_FILTER
+run() {
+  local tool=$1 binary=$tests/$2 filter=$3
+  if [ ! -x "$binary" ]; then echo "gpu-sanitize: $binary missing"; status=1; return; fi
+  echo "== $tool: $2 --gtest_filter=$filter"
+  # The CPU reference runs single-threaded here: the sanitizer serialises the process anyway.
+  DSMLA_TEST_SCALE=small "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+    "$binary" --gtest_filter="$filter" --gtest_brief=1
+  local rc=$?
+  if [ $rc -ne 0 ]; then echo "gpu-sanitize: $tool on $2 failed (exit $rc)"; status=1; fi
+}
+
+small='*GpuSanitizerSmall*'
+run memcheck test_gpu_cuda '*CacheWrite*:*ConvertTopk*'
+run memcheck test_gpu_backend "$small:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuCorner.ZeroLength*/fp8_ds_mla:*GpuVsCpuCorner.AllIndicesEmpty/bf16"
+run racecheck test_gpu_backend "$small"
+run synccheck test_gpu_backend "$small"
+run racecheck test_gpu_cuda '*ConvertTopk*topk100*'
+
+[ $status -eq 0 ] && echo "gpu-sanitize: all clean" || echo "gpu-sanitize: FAILED"
+exit $status
