@@ -2,7 +2,8 @@
 // (src/cuda/dense_mha). Build on the GPU machine:
 //
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
-//        bench/dense_mha_kernel_bench.cu src/cuda/dense_mha/*.cu -o /tmp/dense_mha_bench
+//        bench/dense_mha_kernel_bench.cu src/cuda/dense_mha/*.cu src/cuda/dense_mha/*.cpp \
+//        -o /tmp/dense_mha_bench
 //   /tmp/dense_mha_bench [results.txt]
 //
 // Shapes: T = 16384 query tokens in causal sequences of S (ctx 0), S in
@@ -13,7 +14,7 @@
 // Each case: spot-check some (row, head) pairs against a double-precision
 // reference (output and lse), then the median of 30 CUDA-event timings after 5
 // warm-up launches. FLOPs = 2 * causal pairs (diagonal included) * H * (192 + 128).
-// With an argument, appends "S H ms" lines for bench/dense_mha_sdpa_baseline.py.
+// With an argument, writes "S H ms" lines for bench/dense_mha_sdpa_baseline.py.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

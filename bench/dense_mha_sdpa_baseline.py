@@ -4,9 +4,9 @@ bench/dense_mha_kernel_bench.cu: 16384 query tokens in causal sequences of S
 (B = 16384 / S), q/k head dim 192, v head dim 128, bf16, random data.
 Median of 30 CUDA-event timings after 5 warm-ups.
 
-Usage: python3 bench/dense_mha_sdpa_baseline.py [ours.txt]
-ours.txt holds "S H ms" lines written by the kernel bench; with it the
-script also prints our time / cuDNN time per shape.
+Usage: python3 bench/dense_mha_sdpa_baseline.py [label=ours.txt ...]
+Each ours.txt holds "S H ms" lines written by the kernel bench; with them the
+script also prints each one's time and its ratio to cuDNN per shape.
 """
 import statistics
 import sys
@@ -44,20 +44,25 @@ def tflops(seq, heads, ms):
 
 
 def main():
-    ours = {}
-    if len(sys.argv) > 1:
-        with open(sys.argv[1]) as f:
+    ours = {}  # label -> {(S, H): ms}
+    for arg in sys.argv[1:]:
+        label, _, path = arg.rpartition("=")
+        table = ours.setdefault(label or path, {})
+        with open(path) as f:
             for line in f:
                 s, h, ms = line.split()
-                ours[(int(s), int(h))] = float(ms)
-    print(f"{'S':>5} {'H':>4} {'cudnn ms':>9} {'TFLOP/s':>8} {'ours ms':>8} {'TFLOP/s':>8} {'ours/cudnn':>10}")
+                table[(int(s), int(h))] = float(ms)
+    header = f"{'S':>5} {'H':>4} {'cudnn ms':>9} {'TFLOP/s':>8}"
+    for label in ours:
+        header += f" | {label + ' ms':>12} {'TFLOP/s':>8} {'/cudnn':>6}"
+    print(header)
     for heads in (128, 16):
         for seq in (512, 1024, 2048):
             ms = time_cudnn(seq, heads)
             line = f"{seq:5d} {heads:4d} {ms:9.3f} {tflops(seq, heads, ms):8.1f}"
-            if (seq, heads) in ours:
-                o = ours[(seq, heads)]
-                line += f" {o:8.3f} {tflops(seq, heads, o):8.1f} {o / ms:10.2f}"
+            for table in ours.values():
+                o = table.get((seq, heads))
+                line += f" | {o:12.3f} {tflops(seq, heads, o):8.1f} {o / ms:6.2f}" if o else " | " + " " * 28
             print(line, flush=True)
 
 

@@ -8,6 +8,7 @@
 // No exception crosses the C boundary.
 #include "dsmla/dsmla.h"
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <span>
@@ -133,8 +134,13 @@ int dsmla_create(dsmla_backend backend, const dsmla_options* options, dsmla_atte
     *out = nullptr;
     require_non_null(options, "options");
     const dsmla::PlanOptions plan_options = to_plan_options(*options);
+    // C callers may pass any int; reading it as the C++ enum would be undefined
+    // for values outside the enumerators, so look at the bytes instead.
+    static_assert(sizeof(dsmla_backend) == sizeof(int));
+    int backend_value = 0;
+    std::memcpy(&backend_value, &backend, sizeof backend_value);
     dsmla::BackendKind kind;
-    switch (backend) {
+    switch (backend_value) {
       case DSMLA_BACKEND_CPU: kind = dsmla::BackendKind::cpu; break;
       case DSMLA_BACKEND_CUDA:
         if (!dsmla::cuda_backend_compiled())
@@ -142,7 +148,7 @@ int dsmla_create(dsmla_backend backend, const dsmla_options* options, dsmla_atte
         if (!dsmla::cuda_backend_available()) throw UnsupportedError("the CUDA backend finds no usable GPU");
         kind = dsmla::BackendKind::cuda;
         break;
-      default: throw dsmla::Error("backend " + std::to_string(static_cast<int>(backend)) + " is not a dsmla_backend");
+      default: throw dsmla::Error("backend " + std::to_string(backend_value) + " is not a dsmla_backend");
     }
     auto handle = std::make_unique<dsmla_attention>();
     handle->attention = std::make_unique<dsmla::Attention>(kind, plan_options);

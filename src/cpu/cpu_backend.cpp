@@ -76,6 +76,17 @@ Real workspace_round(Real x) {
 }
 
 template <class Real>
+void load_bf16(const std::uint16_t* src, Real* dst, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(src[i]);
+}
+
+// One output row of a head: 128 values rounded to bf16.
+template <class Real>
+void store_bf16(const Real* src, std::uint16_t* dst) {
+  for (int i = 0; i < kVHeadDim; ++i) dst[i] = float_to_bf16(static_cast<float>(src[i]));
+}
+
+template <class Real>
 Real quantize_query_e4m3(Real x, float q_scale) {
   const float scaled = static_cast<float>(x / q_scale);
   return static_cast<Real>(e4m3_to_float(float_to_e4m3(scaled))) * q_scale;
@@ -135,8 +146,8 @@ void check_inputs(const Plan& plan, const ForwardInputs& in) {
   }
 }
 
-// One run() of one precision. Holds the run's converted weights; every other
-// buffer lives in the step that needs it.
+// One run() of one precision. Holds the run's converted weights and the sparse
+// key table; every other buffer lives in the step that needs it.
 template <class Real>
 class Forward {
  public:
@@ -156,8 +167,11 @@ class Forward {
   }
 
  private:
-  const Real* w_uk(int h) const { return weights_.data() + std::size_t(h) * kKvBRowsPerHead * kLatentDim; }
-  const Real* w_uv(int h) const { return w_uk(h) + std::size_t(kNopeDim) * kLatentDim; }
+  // W_UK(h) as stored: [128][512], the B of the query absorption.
+  const Real* w_uk(int h) const { return w_uk_.data() + std::size_t(h) * kNopeDim * kLatentDim; }
+  // [W_UK(h) | W_UV(h)] transposed: [512][256], the B of the up-projections
+  // (columns 0..127 give K_nope, columns 128..255 give V).
+  const Real* w_up_t(int h) const { return w_up_t_.data() + std::size_t(h) * kLatentDim * kKvBRowsPerHead; }
   const std::uint16_t* q_row(std::int64_t t, int h) const {
     return in_.q + (t * heads_ + h) * kQkHeadDim;
   }
@@ -189,12 +203,18 @@ class Forward {
   }
 
   void convert_weights() {
-    const std::size_t per_head = std::size_t(kKvBRowsPerHead) * kLatentDim;
-    weights_.resize(per_head * heads_);
+    w_uk_.resize(std::size_t(heads_) * kNopeDim * kLatentDim);
+    w_up_t_.resize(std::size_t(heads_) * kLatentDim * kKvBRowsPerHead);
     cpu::parallel_for(heads_, threads_, [&](std::int64_t h) {
-      const std::uint16_t* src = in_.w_kv_b + h * per_head;
-      Real* dst = weights_.data() + h * per_head;
-      for (std::size_t i = 0; i < per_head; ++i) dst[i] = bf16_bits_to_float(src[i]);
+      const std::uint16_t* src = in_.w_kv_b + h * kKvBRowsPerHead * kLatentDim;  // [256][512]
+      Real* uk = w_uk_.data() + h * kNopeDim * kLatentDim;
+      Real* up_t = w_up_t_.data() + h * kLatentDim * kKvBRowsPerHead;
+      for (int row = 0; row < kKvBRowsPerHead; ++row)
+        for (int c = 0; c < kLatentDim; ++c) {
+          const Real w = bf16_bits_to_float(src[row * kLatentDim + c]);
+          if (row < kNopeDim) uk[row * kLatentDim + c] = w;
+          up_t[c * kKvBRowsPerHead + row] = w;
+        }
     });
   }
 
@@ -231,7 +251,7 @@ class Forward {
     });
 
     // Work item: a block of sparse tokens x a group of heads. The block lets the
-    // absorption and the output projection reuse each weight row across tokens; it
+    // absorption and the output projection reuse each weight tile across tokens; it
     // shrinks when there are too few items to keep every thread busy.
     const int groups = heads_ / kHeadGroup;
     const std::int64_t block = std::clamp<std::int64_t>(n * groups / (4 * threads_), 1, kTokenBlock);
@@ -257,38 +277,37 @@ class Forward {
     std::vector<Real> p;
     for (int k = 0; k < nt; ++k) {
       const int n = count[i0 + k];
-      if (n == 0) continue;
+      if (n == 0) continue;  // o_lat stays 0; the rows are overwritten below
       attend_latent(tokens[k], key_rows + (i0 + k) * topk, n, h0,
                     q_abs.data() + std::size_t(k) * kHeadGroup * kLatentKeyDim,
                     o_lat.data() + std::size_t(k) * kHeadGroup * kLatentDim, p);
     }
     project_outputs(tokens, h0, o_lat.data());
-    // Tokens without a valid index: out 0, lse -inf (overwrites the projection of o_lat).
+    // Tokens without a valid index: out 0, lse -inf.
     for (int k = 0; k < nt; ++k)
       if (count[i0 + k] == 0) write_zero_rows(in_, heads_, tokens[k], h0, h0 + kHeadGroup);
   }
 
   // q_abs[token][g] = [W_UK(h)^T q_nope | q_pe] for h = h0 + g, quantised for fp8.
   void absorb_queries(const std::vector<std::int64_t>& tokens, int h0, Real* q_abs) const {
-    const std::size_t nt = tokens.size();
-    auto row = [&](std::size_t k, int g) { return q_abs + (k * kHeadGroup + g) * kLatentKeyDim; };
+    const int nt = static_cast<int>(tokens.size());
+    constexpr std::size_t kRowStride = std::size_t(kHeadGroup) * kLatentKeyDim;
+    std::vector<Real> q_nope(std::size_t(nt) * kNopeDim);
     for (int g = 0; g < kHeadGroup; ++g) {
       const int h = h0 + g;
-      const Real* w = w_uk(h);
-      for (std::size_t k = 0; k < nt; ++k) std::fill(row(k, g), row(k, g) + kLatentDim, Real(0));
-      for (int n = 0; n < kNopeDim; ++n)
-        for (std::size_t k = 0; k < nt; ++k)
-          axpy<Real>(bf16_bits_to_float(q_row(tokens[k], h)[n]), w + std::size_t(n) * kLatentDim, row(k, g),
-                     kLatentDim);
-      for (std::size_t k = 0; k < nt; ++k) {
-        Real* q_abs_row = row(k, g);
+      for (int k = 0; k < nt; ++k)
+        load_bf16(q_row(tokens[k], h), q_nope.data() + std::size_t(k) * kNopeDim, kNopeDim);
+      matmul(nt, kLatentDim, kNopeDim, q_nope.data(), kNopeDim, w_uk(h), kLatentDim,
+             q_abs + g * kLatentKeyDim, kRowStride);
+      for (int k = 0; k < nt; ++k) {
+        Real* row = q_abs + k * kRowStride + g * kLatentKeyDim;
         const std::uint16_t* q_pe = q_row(tokens[k], h) + kNopeDim;
-        for (int r = 0; r < kRopeDim; ++r) q_abs_row[kLatentDim + r] = bf16_bits_to_float(q_pe[r]);
+        for (int r = 0; r < kRopeDim; ++r) row[kLatentDim + r] = bf16_bits_to_float(q_pe[r]);
         if (format_ == CacheFormat::fp8) {
           // Quantised straight from the accumulator, never via bf16 (see the top of the file).
-          for (int c = 0; c < kLatentKeyDim; ++c) q_abs_row[c] = quantize_query_e4m3(q_abs_row[c], in_.q_scale);
+          for (int c = 0; c < kLatentKeyDim; ++c) row[c] = quantize_query_e4m3(row[c], in_.q_scale);
         } else {
-          for (int c = 0; c < kLatentDim; ++c) q_abs_row[c] = workspace_round(q_abs_row[c]);
+          for (int c = 0; c < kLatentDim; ++c) row[c] = workspace_round(row[c]);
         }
       }
     }
@@ -297,33 +316,28 @@ class Forward {
   // Token t, heads h0..h0+16 over its n >= 1 keys: writes lse and o_lat ([16][512]).
   void attend_latent(std::int64_t t, const std::int32_t* key_rows, int n, int h0, const Real* q_abs,
                      Real* o_lat, std::vector<Real>& p) const {
-    p.assign(std::size_t(kHeadGroup) * n, Real(0));
+    p.resize(std::size_t(kHeadGroup) * n);
     const Real scale = in_.softmax_scale;
-    for (int j = 0; j < n; ++j) {
-      const Real* key = keys_.data() + std::size_t(key_rows[j]) * kLatentKeyDim;
+    auto key = [&](int j) { return keys_.data() + std::size_t(key_rows[j]) * kLatentKeyDim; };
+    for (int j = 0; j < n; ++j)
       for (int g = 0; g < kHeadGroup; ++g)
-        p[std::size_t(g) * n + j] = scale * dot(q_abs + g * kLatentKeyDim, key, kLatentKeyDim);
-    }
+        p[std::size_t(g) * n + j] = scale * dot(q_abs + g * kLatentKeyDim, key(j), kLatentKeyDim);
     for (int g = 0; g < kHeadGroup; ++g)
       in_.lse[t * heads_ + h0 + g] = static_cast<float>(softmax_in_place(p.data() + std::size_t(g) * n, n));
-    for (int j = 0; j < n; ++j) {
-      const Real* kv_c = keys_.data() + std::size_t(key_rows[j]) * kLatentKeyDim;
-      for (int g = 0; g < kHeadGroup; ++g) axpy(p[std::size_t(g) * n + j], kv_c, o_lat + g * kLatentDim, kLatentDim);
-    }
+    matmul(kHeadGroup, kLatentDim, n, p.data(), std::size_t(n), key, o_lat, kLatentDim);  // kv_c = key[0:512]
     for (int c = 0; c < kHeadGroup * kLatentDim; ++c) o_lat[c] = workspace_round(o_lat[c]);
   }
 
   // out[token, h] = W_UV(h) o_lat[token][g] for h = h0 + g.
   void project_outputs(const std::vector<std::int64_t>& tokens, int h0, const Real* o_lat) const {
+    const int nt = static_cast<int>(tokens.size());
+    std::vector<Real> out(std::size_t(nt) * kVHeadDim);
     for (int g = 0; g < kHeadGroup; ++g) {
       const int h = h0 + g;
-      for (int v = 0; v < kVHeadDim; ++v) {
-        const Real* w = w_uv(h) + std::size_t(v) * kLatentDim;
-        for (std::size_t k = 0; k < tokens.size(); ++k) {
-          const Real o = dot(w, o_lat + (k * kHeadGroup + g) * kLatentDim, kLatentDim);
-          in_.out[(tokens[k] * heads_ + h) * kVHeadDim + v] = float_to_bf16(static_cast<float>(o));
-        }
-      }
+      matmul(nt, kVHeadDim, kLatentDim, o_lat + g * kLatentDim, std::size_t(kHeadGroup) * kLatentDim,
+             w_up_t(h) + kNopeDim, kKvBRowsPerHead, out.data(), kVHeadDim);
+      for (int k = 0; k < nt; ++k)
+        store_bf16(out.data() + std::size_t(k) * kVHeadDim, in_.out + (tokens[k] * heads_ + h) * kVHeadDim);
     }
   }
 
@@ -342,15 +356,15 @@ class Forward {
         read_slot(std::int64_t(table[pos / B]) * B + pos % B, row);
       } else {
         const std::int64_t t = d.q_start + (pos - d.ctx_len);
-        for (int c = 0; c < kLatentDim; ++c) row[c] = bf16_bits_to_float(in_.kv_c[t * kLatentDim + c]);
-        for (int r = 0; r < kRopeDim; ++r) row[kLatentDim + r] = bf16_bits_to_float(in_.k_pe[t * kRopeDim + r]);
+        load_bf16(in_.kv_c + t * kLatentDim, row, kLatentDim);
+        load_bf16(in_.k_pe + t * kRopeDim, row + kLatentDim, kRopeDim);
       }
       for (int c = 0; c < kLatentKeyDim; ++c) row[c] = workspace_round(row[c]);
     });
 
     // Per group of 16 heads: kv_up[g][pos] = [W_UK(h) kv_c | W_UV(h) kv_c] (256) for every
-    // position, computed by blocks of positions so each weight row serves the whole block;
-    // then blocks of query rows, so each head's K/V is streamed once per block.
+    // position, by blocks of positions; then blocks of query rows, so each head's K/V
+    // is streamed once per block.
     std::vector<Real> kv_up(std::size_t(kHeadGroup) * S * kKvBRowsPerHead);
     const std::int64_t pos_blocks = (S + kTokenBlock - 1) / kTokenBlock;
     const std::int64_t row_blocks = (d.q_len + kTokenBlock - 1) / kTokenBlock;
@@ -358,12 +372,10 @@ class Forward {
       cpu::parallel_for(pos_blocks * kHeadGroup, threads_, [&](std::int64_t item) {
         const int g = static_cast<int>(item % kHeadGroup);
         const std::int64_t p0 = (item / kHeadGroup) * kTokenBlock, p1 = std::min(S, p0 + kTokenBlock);
-        const Real* w = w_uk(h0 + g);  // W_UK(h) then W_UV(h): 256 rows
-        Real* dst = kv_up.data() + std::size_t(g) * S * kKvBRowsPerHead;
-        for (int row = 0; row < kKvBRowsPerHead; ++row)
-          for (std::int64_t pos = p0; pos < p1; ++pos)
-            dst[pos * kKvBRowsPerHead + row] =
-                workspace_round(dot(w + std::size_t(row) * kLatentDim, latent.data() + pos * kLatentKeyDim, kLatentDim));
+        Real* dst = kv_up.data() + (std::size_t(g) * S + p0) * kKvBRowsPerHead;
+        matmul(static_cast<int>(p1 - p0), kKvBRowsPerHead, kLatentDim, latent.data() + p0 * kLatentKeyDim,
+               kLatentKeyDim, w_up_t(h0 + g), kKvBRowsPerHead, dst, kKvBRowsPerHead);
+        for (std::int64_t i = 0; i < (p1 - p0) * kKvBRowsPerHead; ++i) dst[i] = workspace_round(dst[i]);
       });
       cpu::parallel_for(row_blocks * kHeadGroup, threads_, [&](std::int64_t item) {
         const int g = static_cast<int>(item % kHeadGroup);
@@ -379,38 +391,31 @@ class Forward {
   void dense_rows(const DenseRequest& d, const Real* latent, const Real* kv_up, std::int64_t i0,
                   std::int64_t i1, int h) const {
     const int rows = static_cast<int>(i1 - i0);
-    const std::int64_t n_max = d.ctx_len + i1;  // positions seen by the last row
+    const int n_max = static_cast<int>(d.ctx_len + i1);  // positions the last row attends to
+    auto seen = [&](int r) { return static_cast<int>(d.ctx_len + i0 + r + 1); };
     std::vector<Real> q(std::size_t(rows) * kQkHeadDim);
-    std::vector<Real> p(std::size_t(rows) * n_max);
-    std::vector<Real> out(std::size_t(rows) * kVHeadDim, Real(0));
-    auto seen = [&](int r) { return d.ctx_len + i0 + r + 1; };  // positions row r attends to
-    for (int r = 0; r < rows; ++r) {
-      const std::uint16_t* qb = q_row(d.q_start + i0 + r, h);
-      for (int c = 0; c < kQkHeadDim; ++c) q[std::size_t(r) * kQkHeadDim + c] = bf16_bits_to_float(qb[c]);
-    }
+    std::vector<Real> p(std::size_t(rows) * n_max, Real(0));  // masked entries stay 0
+    std::vector<Real> out(std::size_t(rows) * kVHeadDim);
+    for (int r = 0; r < rows; ++r)
+      load_bf16(q_row(d.q_start + i0 + r, h), q.data() + std::size_t(r) * kQkHeadDim, kQkHeadDim);
     const Real scale = in_.softmax_scale;
-    for (std::int64_t s = 0; s < n_max; ++s) {
-      const Real* k_nope = kv_up + s * kKvBRowsPerHead;
-      const Real* k_pe = latent + s * kLatentKeyDim + kLatentDim;
-      for (int r = 0; r < rows; ++r) {
-        if (s >= seen(r)) continue;
+    for (int s = 0; s < n_max; ++s) {
+      const Real* k_nope = kv_up + std::size_t(s) * kKvBRowsPerHead;
+      const Real* k_pe = latent + std::size_t(s) * kLatentKeyDim + kLatentDim;
+      // Rows r with s < seen(r), i.e. r >= s - ctx - i0 (seen grows with r).
+      for (int r = std::max<std::int64_t>(0, s - d.ctx_len - i0); r < rows; ++r) {
         const Real* qr = q.data() + std::size_t(r) * kQkHeadDim;
-        p[r * n_max + s] = scale * (dot(qr, k_nope, kNopeDim) + dot(qr + kNopeDim, k_pe, kRopeDim));
+        p[std::size_t(r) * n_max + s] = scale * (dot(qr, k_nope, kNopeDim) + dot(qr + kNopeDim, k_pe, kRopeDim));
       }
     }
     for (int r = 0; r < rows; ++r) {
       const std::int64_t t = d.q_start + i0 + r;
-      in_.lse[t * heads_ + h] = static_cast<float>(softmax_in_place(p.data() + r * n_max, static_cast<int>(seen(r))));
+      in_.lse[t * heads_ + h] = static_cast<float>(softmax_in_place(p.data() + std::size_t(r) * n_max, seen(r)));
     }
-    for (std::int64_t s = 0; s < n_max; ++s) {
-      const Real* v = kv_up + s * kKvBRowsPerHead + kNopeDim;
-      for (int r = 0; r < rows; ++r)
-        if (s < seen(r)) axpy(p[r * n_max + s], v, out.data() + std::size_t(r) * kVHeadDim, kVHeadDim);
-    }
-    for (int r = 0; r < rows; ++r) {
-      std::uint16_t* dst = in_.out + ((d.q_start + i0 + r) * heads_ + h) * kVHeadDim;
-      for (int c = 0; c < kVHeadDim; ++c) dst[c] = float_to_bf16(static_cast<float>(out[std::size_t(r) * kVHeadDim + c]));
-    }
+    matmul(rows, kVHeadDim, n_max, p.data(), std::size_t(n_max), kv_up + kNopeDim, kKvBRowsPerHead, out.data(),
+           kVHeadDim);
+    for (int r = 0; r < rows; ++r)
+      store_bf16(out.data() + std::size_t(r) * kVHeadDim, in_.out + ((d.q_start + i0 + r) * heads_ + h) * kVHeadDim);
   }
 
   const Plan& plan_;
@@ -419,8 +424,9 @@ class Forward {
   const int heads_;
   const CacheFormat format_;
   const int bytes_per_token_;
-  std::vector<Real> weights_;  // [H*256, 512]
-  std::vector<Real> keys_;     // [distinct slots of the sparse rows, 576]
+  std::vector<Real> w_uk_;    // [H][128][512]
+  std::vector<Real> w_up_t_;  // [H][512][256]
+  std::vector<Real> keys_;    // [distinct slots of the sparse rows][576]
 };
 
 class CpuBackend final : public BackendImpl {

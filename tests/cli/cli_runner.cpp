@@ -62,16 +62,4 @@ CliResult run_cli(const std::vector<std::string>& args, const std::filesystem::p
   return r;
 }
 
-ScratchDir::ScratchDir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "dsmla_cli_test_XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr)
-    throw std::runtime_error("mkdtemp failed: " + std::string(std::strerror(errno)));
-  path_ = pattern;
-}
-
-ScratchDir::~ScratchDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 }  // namespace dsmla::test

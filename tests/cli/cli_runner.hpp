@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.hpp"
+
 namespace dsmla::test {
 
 struct CliResult {
@@ -18,19 +20,5 @@ struct CliResult {
 
 // Runs DSMLA_CLI_PATH with `args`; output goes through files in `scratch`.
 CliResult run_cli(const std::vector<std::string>& args, const std::filesystem::path& scratch);
-
-// A fresh directory under the system temp dir, removed with its contents on destruction.
-class ScratchDir {
- public:
-  ScratchDir();
-  ~ScratchDir();
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 }  // namespace dsmla::test

@@ -86,7 +86,7 @@ TEST(CpuBackend, Float32AgreesWithFloat64) {
     const test::ForwardResult f32 = test::run_cpu_forward(c, {.precision = CpuPrecision::float32});
     const test::CompareReport r =
         test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse, test::tolerance_for(f), c.num_heads);
-    EXPECT_TRUE(r.ok()) << r.summary(); std::printf("%s\n", r.summary().c_str());
+    EXPECT_TRUE(r.ok()) << r.summary();
   }
 }
 

@@ -25,28 +25,9 @@ using test::Tolerance;
 constexpr Tolerance kFloat64OutTolerance{1.0 / 256, 1e-6};
 constexpr Tolerance kFloat64LseTolerance{1e-6, 1e-5};
 
-struct CacheVariant {
-  CacheFormat format;
-  float q_scale, k_scale;
-  std::string name() const {
-    std::string n(to_string(format));
-    if (format == CacheFormat::fp8) n += "_q" + std::to_string(int(q_scale)) + "_k" + std::to_string(int(k_scale));
-    return n;
-  }
-};
-
-const CacheVariant kCacheVariants[] = {
-    {CacheFormat::bf16, 1, 1},
-    {CacheFormat::fp8_ds_mla, 1, 1},
-    {CacheFormat::fp8, 1, 1},
-    {CacheFormat::fp8, 2, 3},
-};
-
-SyntheticSpec spec_for(const CacheVariant& v) {
+SyntheticSpec spec_for(const test::CacheVariant& v) {
   SyntheticSpec s;
-  s.cache_format = v.format;
-  s.q_scale = v.q_scale;
-  s.k_scale = v.k_scale;
+  v.apply(s);
   return s;
 }
 
@@ -68,7 +49,7 @@ int count_path(const Plan& plan, TokenPath path) {
   return n;
 }
 
-class NaiveReferenceTest : public ::testing::TestWithParam<CacheVariant> {};
+class NaiveReferenceTest : public ::testing::TestWithParam<test::CacheVariant> {};
 
 TEST_P(NaiveReferenceTest, Decode) {
   SyntheticSpec s = spec_for(GetParam());
@@ -110,7 +91,7 @@ TEST_P(NaiveReferenceTest, SparseRandomSubsetsWithHoles) {
   expect_matches_naive(c, {.extra_tokens_per_request = 6});
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, NaiveReferenceTest, ::testing::ValuesIn(kCacheVariants),
+INSTANTIATE_TEST_SUITE_P(Formats, NaiveReferenceTest, ::testing::ValuesIn(test::cache_variants()),
                          [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------- corner cases
@@ -206,7 +187,7 @@ TEST(CpuBlockSizes, SequenceEndingOnBlockEdge) {
 // T = several thousand rows (DESIGN §5): many short sparse chunks.
 TEST(CpuLargeBatch, SeveralThousandTokens) {
   SyntheticSpec s;
-  const int requests = test::scaled(64, 8);
+  const int requests = test::scaled(48, 8);
   s.seq_lens.assign(requests, 96);
   s.query_lens.assign(requests, 64);
   s.topk = 32;

@@ -31,17 +31,49 @@ Tolerance tolerance_for(CacheFormat format) {
   throw Error("tolerance_for: unknown cache format " + std::to_string(static_cast<int>(format)));
 }
 
+std::string CacheVariant::name() const {
+  std::string n(to_string(format));
+  if (format == CacheFormat::fp8)
+    n += "_q" + std::to_string(static_cast<int>(q_scale)) + "_k" + std::to_string(static_cast<int>(k_scale));
+  return n;
+}
+
+void CacheVariant::apply(SyntheticSpec& spec) const {
+  spec.cache_format = format;
+  spec.q_scale = q_scale;
+  spec.k_scale = k_scale;
+}
+
+const std::vector<CacheVariant>& cache_variants() {
+  static const std::vector<CacheVariant> variants = {
+      {CacheFormat::bf16, 1, 1},
+      {CacheFormat::fp8_ds_mla, 1, 1},
+      {CacheFormat::fp8, 1, 1},
+      {CacheFormat::fp8, 2, 3},
+  };
+  return variants;
+}
+
+Tolerance bf16_pipeline_tolerance(CacheFormat format) {
+  Tolerance t = tolerance_for(format);
+  t.outlier_fraction = 1e-5;
+  t.outlier_factor = 1.5;
+  return t;
+}
+
 // ------------------------------------------------------------ comparison
 
 bool CompareReport::ok() const {
-  return nan_ref == 0 && nan_got == 0 && empty_mismatches == 0 && lse_failures == 0 && out_failures == 0;
+  return nan_ref == 0 && nan_got == 0 && empty_mismatches == 0 && lse_failures == 0 && out_hard_failures == 0 &&
+         out_failures <= allowed_out_outliers;
 }
 
 std::string CompareReport::summary() const {
   std::ostringstream s;
   s << (ok() ? "match" : "MISMATCH") << ": " << lse_values << " lse, " << out_values << " outputs; NaN ref/got "
     << nan_ref << "/" << nan_got << ", empty-set mismatches " << empty_mismatches << ", lse failures "
-    << lse_failures << " (max err " << max_lse_error << "), output failures " << out_failures << " (max err "
+    << lse_failures << " (max err " << max_lse_error << "), output failures " << out_failures << " of "
+    << allowed_out_outliers << " allowed outliers, " << out_hard_failures << " beyond the outlier factor (max err "
     << max_out_error << ")";
   for (const std::string& f : first_failures) s << "\n  " << f;
   return s.str();
@@ -49,8 +81,8 @@ std::string CompareReport::summary() const {
 
 namespace {
 
-bool within(double got, double ref, Tolerance tol) {
-  return std::abs(got - ref) <= tol.atol + tol.rtol * std::abs(ref);
+bool within(double got, double ref, Tolerance tol, double factor = 1) {
+  return std::abs(got - ref) <= factor * (tol.atol + tol.rtol * std::abs(ref));
 }
 
 }  // namespace
@@ -71,6 +103,7 @@ CompareReport compare_outputs(std::span<const std::uint16_t> ref_out, std::span<
   CompareReport r;
   r.lse_values = ref_lse.size();
   r.out_values = ref_out.size();
+  r.allowed_out_outliers = static_cast<std::size_t>(tolerance.outlier_fraction * static_cast<double>(ref_out.size()));
   auto where = [num_heads](std::size_t lse_index) {
     return "token " + std::to_string(lse_index / num_heads) + " head " + std::to_string(lse_index % num_heads);
   };
@@ -114,7 +147,9 @@ CompareReport compare_outputs(std::span<const std::uint16_t> ref_out, std::span<
     r.max_out_error = std::max(r.max_out_error, std::abs(got - ref));
     if (!within(got, ref, tolerance)) {
       ++r.out_failures;
-      describe(text.str());
+      const bool hard = !within(got, ref, tolerance, std::max(1.0, tolerance.outlier_factor));
+      r.out_hard_failures += hard;
+      describe(text.str() + (hard ? "" : " (outlier)"));
     }
   }
   return r;
@@ -140,6 +175,19 @@ std::vector<std::size_t> poisoned_rows(std::span<const std::uint16_t> values, st
 }
 
 // ------------------------------------------------------------ CPU runner
+
+void make_new_tokens_cache_exact(Case& c) {
+  std::vector<std::uint8_t> token(static_cast<std::size_t>(bytes_per_token(c.cache_format)));
+  float latent[kLatentKeyDim];
+  for (std::int64_t t = 0; t < c.query_start_loc[c.num_requests]; ++t) {
+    std::uint16_t* kv_c = c.kv_c.data() + t * kLatentDim;
+    std::uint16_t* k_pe = c.k_pe.data() + t * kRopeDim;
+    write_cache_token(c.cache_format, token, kv_c, k_pe, c.k_scale);
+    read_cache_token(c.cache_format, token, latent, c.k_scale);
+    for (int i = 0; i < kLatentDim; ++i) kv_c[i] = float_to_bf16(latent[i]);
+    for (int i = 0; i < kRopeDim; ++i) k_pe[i] = float_to_bf16(latent[kLatentDim + i]);
+  }
+}
 
 ForwardResult run_cpu_forward(const Case& c, const CpuRunOptions& options) {
   Case work = c;  // the run writes the cache
@@ -279,8 +327,13 @@ NaiveReport check_against_naive(const Case& c, const ForwardResult& got, Toleran
                                          .w_kv_b = c.w_kv_b.data(),
                                          .head = h,
                                          .softmax_scale = c.softmax_scale};
-        check_head(t, h, dense ? reference::mha_attention(query, latents)
-                               : reference::absorbed_attention(query, latents, q_scale));
+        if (!dense) {
+          check_head(t, h, reference::absorbed_attention(query, latents, q_scale));
+        } else if (sample.dense_rows_as_identity) {
+          check_head(t, h, reference::absorbed_attention(query, latents));
+        } else {
+          check_head(t, h, reference::mha_attention(query, latents));
+        }
       }
     }
   }

@@ -9,7 +9,8 @@
 //   2. padding rows: out = 0, lse = -inf;
 //   3. sparse path (decode + sparse prefill tokens):
 //        top-k -> compacted global slots + valid counts     (ws_sparse_slots)
-//        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe])
+//        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe];
+//                                                             fp8 cache: via fp32 + e4m3 quantisation)
 //        launch_sparse_mla                                   (ws_sparse_o = o_lat)
 //        output up-projection, one strided-batched GEMM      (out, or compact then scatter)
 //   4. dense path (short prefills):
@@ -24,10 +25,13 @@
 // after the sparse kernel has consumed it. When the sparse tokens form one
 // contiguous range, the GEMMs read q and write out in place through strides.
 //
-// Workspace: the regions of the plan (Plan::ws_*), then, 256-byte aligned, the
-// split-KV scratch of the sparse kernel (sparse_mla_workspace_bytes). The planner
-// is host-only and cannot know the device's multiprocessor count that sizes the
-// latter, so workspace_bytes(plan) appends it.
+// Workspace: the regions of the plan (Plan::ws_*), then two regions of the
+// backend's own, each 256-byte aligned (see BackendRegions): the split-KV scratch
+// of the sparse kernel, whose size depends on the device's multiprocessor count
+// that the host-only planner cannot know, and for the fp8 cache the fp32 staging
+// of the absorbed query, which is quantised to e4m3 from the GEMM's fp32 result
+// (the CPU backend's convention: a bf16 round first would flip ~3% of the e4m3
+// roundings).
 //
 // The cuBLAS handle and its 32 MiB workspace are created at construction; the
 // workspace is re-attached on every run because cublasSetStream resets it,
@@ -82,26 +86,46 @@ void require_region(const WorkspaceRegion& r, std::size_t needed, const char* na
                 std::to_string(needed));
 }
 
-// C[i] = op(A[i]) * op(B[i]) for `batch` column-major bf16 matrices, fp32 accumulation.
-void gemm_bf16(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k,
-               const void* a, int lda, long long stride_a, const void* b, int ldb, long long stride_b, void* c,
-               int ldc, long long stride_c, int batch) {
+// C[i] = op(A[i]) * op(B[i]) for `batch` column-major matrices: A and B bf16, C of
+// type c_type (bf16 or fp32), fp32 accumulation.
+void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const void* a,
+          int lda, long long stride_a, const void* b, int ldb, long long stride_b, void* c, cudaDataType c_type,
+          int ldc, long long stride_c, int batch) {
   const float alpha = 1.f, beta = 0.f;
   DSMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_a, op_b, m, n, k, &alpha, a, CUDA_R_16BF, lda, stride_a,
-                                                b, CUDA_R_16BF, ldb, stride_b, &beta, c, CUDA_R_16BF, ldc, stride_c,
-                                                batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                b, CUDA_R_16BF, ldb, stride_b, &beta, c, c_type, ldc, stride_c, batch,
+                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 constexpr std::size_t kWorkspaceAlignment = 256;
 
-std::size_t sparse_split_offset(const Plan& plan) {
-  return (plan.workspace_bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+std::size_t align_workspace(std::size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-std::size_t sparse_split_bytes(const Plan& plan) {
-  if (plan.sparse_tokens.empty()) return 0;
-  return sparse_mla_workspace_bytes(static_cast<int>(plan.sparse_tokens.size()), plan.options.num_heads,
-                                    plan.options.topk);
+// The backend's regions after the plan's layout; a size of 0 means unused.
+struct BackendRegions {
+  WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes(n_sparse, H, topk)
+  WorkspaceRegion q_lat_f32;     // fp8 cache: [n_sparse, H, 512] fp32 absorbed query
+  std::size_t total_bytes = 0;   // the whole workspace run() needs
+};
+
+BackendRegions backend_regions(const Plan& plan) {
+  BackendRegions r;
+  std::size_t end = plan.workspace_bytes;
+  auto place = [&end](WorkspaceRegion& region, std::size_t bytes) {
+    if (bytes == 0) return;
+    region = {align_workspace(end), bytes};
+    end = region.offset + bytes;
+  };
+  const std::size_t n = plan.sparse_tokens.size();
+  if (n > 0) {
+    place(r.sparse_split, sparse_mla_workspace_bytes(static_cast<int>(n), plan.options.num_heads, plan.options.topk));
+    if (plan.options.cache_format == CacheFormat::fp8)
+      place(r.q_lat_f32, n * plan.options.num_heads * kLatentDim * sizeof(float));
+  }
+  r.total_bytes = end;
+  return r;
 }
 
 class CudaBackend final : public BackendImpl {
@@ -120,9 +144,7 @@ class CudaBackend final : public BackendImpl {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   void on_plan(const Plan& plan) override;
-  std::size_t workspace_bytes(const Plan& plan) const override {
-    return sparse_split_offset(plan) + sparse_split_bytes(plan);
-  }
+  std::size_t workspace_bytes(const Plan& plan) const override { return backend_regions(plan).total_bytes; }
   void run(const Plan& plan, const ForwardInputs& in, void* workspace, void* stream) override;
 
  private:
@@ -139,8 +161,7 @@ class CudaBackend final : public BackendImpl {
   std::uint64_t plan_id_ = 0;
   int plan_tokens_ = 0;
   bool sparse_contiguous_ = false;           // sparse rows are [first, first + n)
-  std::size_t split_bytes_ = 0;              // sparse_split_bytes(plan), fixed at plan time
-  std::size_t workspace_bytes_ = 0;          // workspace_bytes(plan)
+  BackendRegions regions_;                   // backend_regions(plan), fixed at plan time
   DeviceBuffer<SparseTokenInfo> sparse_tokens_;
   DeviceBuffer<std::int32_t> sparse_rows_;   // = plan.sparse_tokens: the lse rows of the sparse kernel
   DeviceBuffer<std::int32_t> padding_rows_;
@@ -186,6 +207,10 @@ void CudaBackend::on_plan(const Plan& plan) {
     for (std::int32_t pos = 0; pos < d.seq_len; ++pos)
       rows.push_back({d.request, pos, pos < d.ctx_len ? -1 : d.q_start + (pos - d.ctx_len), 0});
 
+  if (rows.size() != kv_rows)
+    throw Error("CUDA backend: plan.dense_kv_rows " + std::to_string(kv_rows) + " != sum of dense seq_lens " +
+                std::to_string(rows.size()));
+
   planned_ = false;  // stays false if an upload throws
   sparse_tokens_.upload(tokens);
   sparse_rows_.upload(plan.sparse_tokens);
@@ -195,8 +220,7 @@ void CudaBackend::on_plan(const Plan& plan) {
   dense_work_.upload(make_dense_mha_schedule(plan.dense_requests));
   sparse_contiguous_ = n_sparse > 0 && plan.sparse_tokens.back() - plan.sparse_tokens.front() + 1 ==
                                            static_cast<std::int32_t>(n_sparse);
-  split_bytes_ = sparse_split_bytes(plan);
-  workspace_bytes_ = sparse_split_offset(plan) + split_bytes_;
+  regions_ = backend_regions(plan);
   plan_id_ = plan.id;
   plan_tokens_ = plan.num_tokens;
   planned_ = true;
@@ -220,7 +244,7 @@ void CudaBackend::check_inputs(const Plan& plan, const ForwardInputs& in, const 
   require_pointer(in.lse, 4, "lse");
   if (plan.num_requests > 0) require_pointer(in.block_table, 4, "block_table");
   if (!plan.sparse_tokens.empty()) require_pointer(in.topk_indices, 4, "topk_indices");
-  if (workspace_bytes_ > 0) require_pointer(workspace, kWorkspaceAlignment, "workspace");
+  if (regions_.total_bytes > 0) require_pointer(workspace, kWorkspaceAlignment, "workspace");
 }
 
 void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace, void* stream_handle) {
@@ -287,8 +311,16 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
   const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
   constexpr long long kWeightStride = static_cast<long long>(kKvBRowsPerHead) * kLatentDim;  // one head of w_kv_b
-  gemm_bf16(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
-            q_nope_ld, q_nope_stride, q_abs, heads * kLatentKeyDim, kLatentKeyDim, heads);
+  if (plan.options.cache_format == CacheFormat::fp8) {
+    auto* q_lat = region<float>(workspace, regions_.q_lat_f32);  // [n, H, 512] fp32
+    gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
+         q_nope_ld, q_nope_stride, q_lat, CUDA_R_32F, heads * kLatentDim, kLatentDim, heads);
+    launch_quantize_query(
+        {.q_lat = q_lat, .num_pairs = std::int64_t{n} * heads, .q_scale = in.q_scale, .q_abs = q_abs}, stream);
+  } else {
+    gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
+         q_nope_ld, q_nope_stride, q_abs, CUDA_R_16BF, heads * kLatentKeyDim, kLatentKeyDim, heads);
+  }
 
   SparseMlaParams sp;
   sp.q = reinterpret_cast<const __nv_bfloat16*>(q_abs);
@@ -306,7 +338,7 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   sp.o_lat = reinterpret_cast<__nv_bfloat16*>(o_lat);
   sp.lse = in.lse;
   sp.lse_rows = sparse_rows_.data();
-  sp.workspace = split_bytes_ > 0 ? static_cast<std::uint8_t*>(workspace) + sparse_split_offset(plan) : nullptr;
+  sp.workspace = regions_.sparse_split.bytes > 0 ? region<void>(workspace, regions_.sparse_split) : nullptr;
   launch_sparse_mla(sp, stream);
   check_launch("launch_sparse_mla");
 
@@ -314,8 +346,8 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   // B (512 x n), A = W_UV(h) read as column-major 512 x 128 (ld 512), hence op T.
   const int out_ld = heads * kVHeadDim;
   std::uint16_t* out_rows = sparse_contiguous_ ? in.out + first_row * out_ld : q_abs;  // q_abs is consumed
-  gemm_bf16(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kVHeadDim, n, kLatentDim, in.w_kv_b + kNopeDim * kLatentDim,
-            kLatentDim, kWeightStride, o_lat, heads * kLatentDim, kLatentDim, out_rows, out_ld, kVHeadDim, heads);
+  gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kVHeadDim, n, kLatentDim, in.w_kv_b + kNopeDim * kLatentDim, kLatentDim,
+       kWeightStride, o_lat, heads * kLatentDim, kLatentDim, out_rows, CUDA_R_16BF, out_ld, kVHeadDim, heads);
   if (!sparse_contiguous_)
     launch_scatter_rows(
         {.compact = out_rows, .tokens = sparse_tokens_.data(), .num_tokens = n, .row_elems = out_ld, .out = in.out},
@@ -345,8 +377,8 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   // kv_up[rows, H*256] = latent[:, :512] @ w_kv_b^T. Column-major: C (H*256 x rows) = A^T (H*256 x 512) *
   // B (512 x rows), A = w_kv_b as column-major 512 x H*256, B = the latent rows (ld 576, first 512 values).
   const int up_cols = heads * kKvBRowsPerHead;
-  gemm_bf16(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, up_cols, kv_rows, kLatentDim, in.w_kv_b, kLatentDim, 0, latent,
-            kLatentKeyDim, 0, kv_up, up_cols, 0, 1);
+  gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, up_cols, kv_rows, kLatentDim, in.w_kv_b, kLatentDim, 0, latent,
+       kLatentKeyDim, 0, kv_up, CUDA_R_16BF, up_cols, 0, 1);
 
   DenseMhaParams dp;
   dp.q = reinterpret_cast<const __nv_bfloat16*>(in.q);

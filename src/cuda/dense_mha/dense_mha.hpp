@@ -17,7 +17,7 @@ namespace dsmla::cuda {
 // Query rows per work item (one thread block per work item and head).
 inline constexpr int kDenseMhaQueryTile = 128;
 // Key rows per pipeline stage inside the kernel.
-inline constexpr int kDenseMhaKeyTile = 64;
+inline constexpr int kDenseMhaKeyTile = 128;
 
 // One request as the kernel sees it (uploaded by the backend at plan time).
 struct DenseMhaRequest {
@@ -55,9 +55,10 @@ std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseReques
 // Requests with q_len 0 get no item. `request` indexes the given span.
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests);
 
-// Rows of out / lse that belong to no work item are not touched. All pointers
-// must be 16-byte aligned (checked). Asynchronous on `stream`; throws Error on
-// bad parameters or a launch failure.
+// Rows of out / lse that belong to no work item are not touched. q, kv_up,
+// latent and out must be 16-byte aligned (checked). Needs sm_90a (wgmma) and
+// 209 KiB of shared memory per block. Asynchronous on `stream`; throws Error
+// on bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);
 
 }  // namespace dsmla::cuda

@@ -148,7 +148,7 @@ std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk) 
 
 namespace sparse_mla_detail {
 
-void launch_sparse_mla_with(const SparseMlaParams& p, ScorePath path, cudaStream_t stream) {
+void launch_sparse_mla_with(const SparseMlaParams& p, PvPath path, cudaStream_t stream) {
   check_params(p);
   if (p.num_tokens == 0) return;
   const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, multiprocessor_count());
@@ -189,11 +189,11 @@ void launch_sparse_mla_with(const SparseMlaParams& p, ScorePath path, cudaStream
 }  // namespace sparse_mla_detail
 
 void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
-  // TEMPORARY (measurement session): DSMLA_SPARSE_SCORE_PATH=mma_sync selects the other S path.
-  static const sparse_mla_detail::ScorePath path = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_SCORE_PATH");
-    return env != nullptr && std::string(env) == "mma_sync" ? sparse_mla_detail::ScorePath::mma_sync
-                                                            : sparse_mla_detail::ScorePath::wgmma;
+  // TEMPORARY (measurement session): DSMLA_SPARSE_PV_PATH=mma_sync selects the other P V path.
+  static const sparse_mla_detail::PvPath path = [] {
+    const char* env = std::getenv("DSMLA_SPARSE_PV_PATH");
+    return env != nullptr && std::string(env) == "mma_sync" ? sparse_mla_detail::PvPath::mma_sync
+                                                            : sparse_mla_detail::PvPath::wgmma;
   }();
   sparse_mla_detail::launch_sparse_mla_with(p, path, stream);
 }

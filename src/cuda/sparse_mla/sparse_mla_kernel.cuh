@@ -3,23 +3,20 @@
 // Work split
 //   One CTA per (token, block of up to 64 heads, split of the top-k range),
 //   256 threads = 8 warps = 2 warpgroups. All heads share the keys (MQA), so a
-//   tile of 64 keys is gathered once per CTA and serves all 64 heads in both
-//   products:
-//     S = Q K^T  warpgroup k computes all 64 heads x keys [32k, 32k+32) of the
-//                tile over the 576 dims (wgmma m64n32k16, Q and K from smem;
-//                or, ScorePath::mma_sync, warp w of the group computes heads
-//                [16w, +16) with mma.sync m16n8k16). Either way warp w of
-//                warpgroup k holds S rows 16w.. x keys 32k.. as 16 fp32 per thread.
-//     O += P V   the heads form two groups of 32; warp (w, k) takes group w/2
-//                and O columns [128c, +128) with c = (w & 1) + 2k, so its S rows
-//                lie in its own O rows. O stays in registers (128 fp32 per
-//                thread); mma.sync m16n8k16 with P and V (the first 512 columns
-//                of the same smem key tile) through ldmatrix (V with .trans).
-//   Online softmax in the log2 domain: the two key halves of a head exchange
-//   tile row maxima through smem; every warp derives the same running max for
-//   its rows, so O is rescaled locally; row sums are kept per key half and
-//   added in the epilogue. Heads beyond num_heads run on zero queries and are
-//   not stored; a head group with no head at all skips its softmax and P V.
+//   tile of 64 keys is gathered once per CTA (as bf16 in smem) and serves all
+//   64 heads in both products, on the tensor cores through wgmma:
+//     S = Q K^T  warpgroup k: all 64 heads x keys [32k, 32k+32) of the tile,
+//                36 x m64n32k16 over the 576 dims (Q and K K-major in smem);
+//                warp w of the warpgroup holds S rows 16w.. (16 fp32 / thread).
+//     O += P V   warpgroup k: 64 heads x O columns [256k, 256k+256),
+//                4 x m64n256k16 (P K-major, V = the first 512 columns of the
+//                same key tile, N-major, from smem); warp w holds O rows 16w..,
+//                the same rows as its S fragment (128 fp32 / thread).
+//   Online softmax in the log2 domain: the two warpgroups (key halves) exchange
+//   tile row maxima through smem, so both derive the same running max and
+//   rescale their O columns locally; row sums are kept per key half and added
+//   in the epilogue. Heads beyond num_heads run on zero queries (wgmma needs
+//   the whole warpgroup) and are not stored.
 //
 // Shared memory (230,656 B + 1 KB to align the base to 1024 B)
 //   Q      [64 heads][576] bf16                  73,728 B (loaded once)
@@ -27,9 +24,9 @@
 //   P      [64 heads][64 keys] bf16               8,192 B
 //   red    [2 key halves][64 heads] fp32            512 B (row maxima, then sums)
 //   slots  [3][64] int32 ring of the slot numbers of tiles t, t+1, t+2
-//   Q and K tiles use the wgmma "128-byte swizzle, K-major" layout: 9 blocks of
-//   64 dims, each [64 rows][128 B], 16-byte chunk c of row r stored at c ^ (r & 7).
-//   ldmatrix rows of one 8x8 matrix then hit eight distinct bank groups.
+//   Q, K and P use the 128-byte swizzle layout of wgmma: blocks of 64 columns,
+//   each [rows][128 B], 16-byte chunk c of row r stored at c ^ (r & 7). The key
+//   tile is K-major for S and N-major (transposed descriptor) for P V.
 //
 // Pipeline (tile t, key buffer t & 1)
 //   top:  wait for this thread's cp.async groups, proxy fence, __syncthreads
@@ -41,8 +38,10 @@
 //         into K[(t+1)&1] as bf16 after it, so their latency hides behind the
 //         tensor-core work.
 //   S, mask (position >= valid count or slot out of range -> -inf), row max
-//   -> smem, __syncthreads, rescale O, P = exp2(S - m) -> smem, __syncthreads,
-//   O += P V.
+//   -> smem, __syncthreads, rescale O, P = exp2(S - m) -> smem, proxy fence,
+//   __syncthreads, O += P V.
+//   Prologue: the slot numbers of tile 0 are waited for before the query, so
+//   the first gather overlaps the query load.
 //   Split-KV (decode): the CTA of split z covers top-k positions
 //   [z*split_keys, (z+1)*split_keys) and writes normalised fp32 O and lse to the
 //   workspace; sparse_mla_combine_kernel merges the splits.
@@ -78,9 +77,6 @@ inline constexpr int kSmemUsed = kSmemSlots + 3 * kTileKeys * 4;
 inline constexpr int kSmemAlign = 1024;  // 128-byte swizzle atoms must be 1024-byte aligned
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
 
-// How S = Q K^T is computed (P V always uses mma.sync).
-enum class ScorePath : int { wgmma = 0, mma_sync = 1 };
-
 struct KernelArgs {
   SparseMlaParams p;
   int split_keys = 0;          // top-k positions per split, a multiple of kTileKeys
@@ -91,7 +87,7 @@ struct KernelArgs {
 
 // Launches the attention kernel for one cache format (one format per .cu file).
 template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, ScorePath path, cudaStream_t stream);
+void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------- PTX helpers
 
@@ -118,32 +114,17 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a * b for one m16n8k16 tile (bf16 in, fp32 accumulate).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                         std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle
 // layout whose 8-row groups are 1024 B apart (the leading offset is unused).
 __device__ __forceinline__ std::uint64_t sw128_desc(std::uint32_t addr) {
   return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{1} << 16) |
+         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+// Descriptor of an N-major operand in the 128-byte swizzle layout: 64-column
+// blocks kDimBlockBytes apart (leading offset), 8-row groups 1024 B apart.
+__device__ __forceinline__ std::uint64_t sw128_mn_desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{kDimBlockBytes >> 4} << 16) |
          (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
 }
 
@@ -159,6 +140,51 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], std::uint64_t 
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
         "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+// d[32][4] += A (64 x 16, K-major smem) * B (16 x 256, N-major smem) for the warpgroup.
+__device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[32][4], std::uint64_t desc_a, std::uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
+        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
+        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
+        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
+        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
+        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
+        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
@@ -303,10 +329,11 @@ struct Fp8Gather {
 
 // ---------------------------------------------------------------- the kernel
 
-template <CacheFormat F, ScorePath kScorePath>
+template <CacheFormat F, PvPath kPv>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArgs args) {
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   constexpr bool kBf16Cache = F == CacheFormat::bf16;
+  constexpr bool kWgmmaPv = kPv == PvPath::wgmma;
   const SparseMlaParams& p = args.p;
 
   const int token = blockIdx.x;
@@ -317,11 +344,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int s_blk = warp & 3;                    // S rows: heads [16*s_blk, +16) of the CTA
-  const int s_keys = warp >> 2;                  // S columns: keys [32*s_keys, +32) (= warpgroup)
-  const int grp = s_blk >> 1;                    // P V rows: heads [32*grp, +32)
-  const int o_cols = (warp & 1) + 2 * s_keys;    // P V columns: [128*o_cols, +128)
-  const bool grp_active = 32 * grp < heads_here;
+  const int s_blk = warp & 3;   // S rows: heads [16*s_blk, +16) of the CTA
+  const int s_keys = warp >> 2; // S columns: keys [32*s_keys, +32) of the tile (= warpgroup)
+  // O ownership. wgmma P V: O rows = the S rows, columns [256*s_keys, +256).
+  // mma.sync P V: O rows = head group [32*grp, +32), columns [128*o_cols, +128).
+  const int grp = kWgmmaPv ? 0 : s_blk >> 1;
+  const int o_cols = (warp & 1) + 2 * s_keys;
+  const bool grp_active = kWgmmaPv || 32 * grp < heads_here;
   const int g = lane >> 2;   // mma fragment row
   const int tq = lane & 3;   // mma fragment column pair
   const int r7 = lane & 7;   // swizzle phase of every ldmatrix row this lane addresses
@@ -371,9 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     }
   };
 
-  // ---- prologue: query and the first tile
+  // ---- prologue: slots of tile 0 first, so that its gather overlaps the query load
   if (num_tiles > 0) {
     issue_slots(0);
+    cp_async_commit();
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(token) * p.num_heads + h0) * kKeyDim;
     if constexpr (F == CacheFormat::fp8) {
       const float q_scale = p.q_scale;
@@ -403,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       }
     }
     cp_async_commit();
-    cp_async_wait_all();
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // the slots, not yet the query
     __syncthreads();
     if constexpr (kBf16Cache) {
       issue_tile_bf16(0);
@@ -420,30 +450,33 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     cp_async_commit();
   }
 
-  // ---- per-lane ldmatrix addressing (rows of every 8x8 matrix are 8 consecutive
-  // tile rows, so (row & 7) == r7 for all of them)
-  // S with mma.sync: A rows = heads 16*s_blk + (lane & 15), B rows = keys (two x4 loads of 16).
-  const int q_row = 16 * s_blk + (lane & 15);
-  const int q_sel = lane >> 4;
-  const int k_row = 32 * s_keys + (lane & 7) + ((lane >> 4) << 3);
-  const int k_sel = (lane >> 3) & 1;
-  // O += P V: A rows = P of the group's 32 heads (two m-tiles), B = V rows (keys), .trans.
+  // ---- per-lane ldmatrix addressing of the mma.sync P V (rows of every 8x8
+  // matrix are 8 consecutive tile rows, so (row & 7) == r7 for all of them):
+  // A rows = P of the group's 32 heads (two m-tiles), B = V rows (keys), .trans.
   const std::uint32_t p_lane = sP + (32 * grp + (lane & 15)) * 128;
+  const int p_sel = lane >> 4;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3);
   const int v_sel = lane >> 4;
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  float o[2][16][4];  // [m-tile: group heads 16*mt..][n-tile: 8 columns][fragment]
+  // O fragments: [m-tile of 16 heads][n-tile of 8 columns][mma fragment]; 128 fp32 either way.
+  constexpr int kMTiles = kWgmmaPv ? 1 : 2;
+  constexpr int kNTiles = kWgmmaPv ? 32 : 16;
+  float o[kMTiles][kNTiles][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
+    for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
-  // Running max (log2 domain) of O rows 32*grp + 16*mt + 8*hi + g; the S rows
-  // 16*s_blk + 8*hi + g are those with mt = s_blk & 1. Row sums over this warp's key half.
-  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-  float l_run[2] = {0.f, 0.f};
+  // Head of O row (mt, hi) of this thread, within the CTA. The S rows
+  // 16*s_blk + 8*hi + g are O rows of m-tile s_mt.
+  auto o_row = [&](int mt, int hi) { return kWgmmaPv ? 16 * s_blk + 8 * hi + g : 32 * grp + 16 * mt + 8 * hi + g; };
+  const int s_mt = kWgmmaPv ? 0 : s_blk & 1;
+  float m_run[kMTiles][2];  // running max (log2 domain) of the O rows
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY;
+  float l_run[2] = {0.f, 0.f};  // row sums of the S rows over this warp's key half
 
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait_all();
@@ -465,52 +498,31 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       if (gather_next) gather.template load<0>(cache, p.k_scale, tid, ok_next, slot_next);
     }
 
-    // ---- S = Q K^T: 16 heads x 32 keys per warp
+    // ---- S = Q K^T: the warpgroup computes 64 heads x 32 keys (zero queries
+    // of missing heads included: wgmma needs the whole warpgroup)
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-    if constexpr (kScorePath == ScorePath::wgmma) {
-      // The whole warpgroup takes part, inactive heads included (zero queries).
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fence_operand(s[nt][e]);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = 0.f;
+        fence_operand(s[nt][e]);
+      }
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    {
       const std::uint32_t b_base = kbuf + 32 * s_keys * 128;
 #pragma unroll
       for (int ks = 0; ks < kKeyDim / 16; ++ks) {
         const std::uint32_t off = (ks >> 2) * kDimBlockBytes + (ks & 3) * 32;
         wgmma_m64n32k16(s, sw128_desc(sQ + off), sw128_desc(b_base + off));
       }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fence_operand(s[nt][e]);
-    } else {
-      if (16 * s_blk < heads_here) {
-        const std::uint32_t q_lane = sQ + q_row * 128;
-        const std::uint32_t k_lane = kbuf + k_row * 128;
-#pragma unroll 3
-        for (int kb = 0; kb < kRowChunks / 8; ++kb) {  // one 64-dim block
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            std::uint32_t a[4], b0[4], b1[4];
-            ldsm_x4(a, q_lane + kb * kDimBlockBytes + (((2 * j + q_sel) ^ r7) << 4));
-            const std::uint32_t koff = kb * kDimBlockBytes + (((2 * j + k_sel) ^ r7) << 4);
-            ldsm_x4(b0, k_lane + koff);
-            ldsm_x4(b1, k_lane + 16 * 128 + koff);
-            mma_bf16(s[0], a, b0[0], b0[1]);
-            mma_bf16(s[1], a, b0[2], b0[3]);
-            mma_bf16(s[2], a, b1[0], b1[1]);
-            mma_bf16(s[3], a, b1[2], b1[3]);
-          }
-        }
-      }
     }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fence_operand(s[nt][e]);
     if constexpr (!kBf16Cache) {
       if (gather_next) gather.template store<0>(kbuf_next, tid);
     }
@@ -542,12 +554,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
 
     // ---- online softmax: every warp derives the same running max for its rows
     if (grp_active) {
-      float m_sub[2][2], alpha[2][2];
+      float m_sub[kMTiles][2], alpha[kMTiles][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const int r = 32 * grp + 16 * mt + 8 * hi + g;
+          const int r = o_row(mt, hi);
           const float tile_max = fmaxf(red[r], red[kHeadsPerCta + r]);
           const float m_new = fmaxf(m_run[mt][hi], tile_max);
           // A row with no valid key so far keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
@@ -556,19 +568,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
           m_run[mt][hi] = m_new;
         }
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
+        for (int nt = 0; nt < kNTiles; ++nt) {
           o[mt][nt][0] *= alpha[mt][0];
           o[mt][nt][1] *= alpha[mt][0];
           o[mt][nt][2] *= alpha[mt][1];
           o[mt][nt][3] *= alpha[mt][1];
         }
-      const bool upper = s_blk & 1;  // which m-tile of the group holds the S rows
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        const float msub = upper ? m_sub[1][hi] : m_sub[0][hi];
-        const float a = upper ? alpha[1][hi] : alpha[0][hi];
+        const float msub = s_mt ? m_sub[kMTiles - 1][hi] : m_sub[0][hi];
+        const float a = s_mt ? alpha[kMTiles - 1][hi] : alpha[0][hi];
         const int row = 16 * s_blk + 8 * hi + g;
         float sum = 0.f;
 #pragma unroll
@@ -585,15 +596,34 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     if constexpr (!kBf16Cache) {
       if (gather_next) gather.template load<1>(cache, p.k_scale, tid, ok_next, slot_next);
     }
+    if constexpr (kWgmmaPv) fence_proxy_async();  // P is read by wgmma next
     __syncthreads();
 
-    // ---- O += P V for 32 heads x 128 columns
-    if (grp_active) {
+    // ---- O += P V
+    if constexpr (kWgmmaPv) {
+      // The warpgroup: 64 heads x columns [256*s_keys, +256), A = P, B = V (N-major).
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(o[0][nt][e]);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      const std::uint32_t v_base = kbuf + 4 * s_keys * kDimBlockBytes;
+#pragma unroll
+      for (int ks = 0; ks < kTileKeys / 16; ++ks)
+        wgmma_m64n256k16_bt(o[0], sw128_desc(sP + ks * 32), sw128_mn_desc(v_base + ks * 16 * 128));
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(o[0][nt][e]);
+    } else if (grp_active) {
+      // This warp: 32 heads x 128 columns with mma.sync.
 #pragma unroll
       for (int ks = 0; ks < kTileKeys / 16; ++ks) {
         std::uint32_t a0[4], a1[4];
-        ldsm_x4(a0, p_lane + (((2 * ks + q_sel) ^ r7) << 4));
-        ldsm_x4(a1, p_lane + 16 * 128 + (((2 * ks + q_sel) ^ r7) << 4));
+        ldsm_x4(a0, p_lane + (((2 * ks + p_sel) ^ r7) << 4));
+        ldsm_x4(a1, p_lane + 16 * 128 + (((2 * ks + p_sel) ^ r7) << 4));
         const std::uint32_t v_lane = kbuf + (16 * ks + v_row) * 128;
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
@@ -602,8 +632,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
           ldsm_x4_trans(b, v_lane + (chunk >> 3) * kDimBlockBytes + (((chunk & 7) ^ r7) << 4));
           mma_bf16(o[0][2 * np], a0, b[0], b[1]);
           mma_bf16(o[0][2 * np + 1], a0, b[2], b[3]);
-          mma_bf16(o[1][2 * np], a1, b[0], b[1]);
-          mma_bf16(o[1][2 * np + 1], a1, b[2], b[3]);
+          mma_bf16(o[kMTiles - 1][2 * np], a1, b[0], b[1]);
+          mma_bf16(o[kMTiles - 1][2 * np + 1], a1, b[2], b[3]);
         }
       }
     }
@@ -629,11 +659,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   const std::int64_t out_row0 =
       split_mode ? (static_cast<std::int64_t>(split) * p.num_tokens + token) * p.num_heads
                  : static_cast<std::int64_t>(token) * p.num_heads;
+  const int col0 = (kWgmmaPv ? 256 * s_keys : 128 * o_cols) + 2 * tq;
+  const bool writes_lse = (kWgmmaPv ? s_keys : o_cols) == 0 && tq == 0;
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      const int r = 32 * grp + 16 * mt + 8 * hi + g;  // head within the CTA
+      const int r = o_row(mt, hi);
       if (r >= heads_here) continue;
       const int head = h0 + r;
       const float l = red[r] + red[kHeadsPerCta + r];
@@ -641,19 +673,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       const float lse = l > 0.f ? (m_run[mt][hi] + log2f(l)) * 0.6931471805599453f : -INFINITY;
       const std::int64_t row = out_row0 + head;
       if (split_mode) {
-        float* dst = args.part_o + row * kValueDim + 128 * o_cols + 2 * tq;
+        float* dst = args.part_o + row * kValueDim + col0;
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt)
           *reinterpret_cast<float2*>(dst + 8 * nt) =
               make_float2(o[mt][nt][2 * hi] * inv, o[mt][nt][2 * hi + 1] * inv);
-        if (o_cols == 0 && tq == 0) args.part_lse[row] = lse;
+        if (writes_lse) args.part_lse[row] = lse;
       } else {
-        __nv_bfloat16* dst = p.o_lat + row * kValueDim + 128 * o_cols + 2 * tq;
+        __nv_bfloat16* dst = p.o_lat + row * kValueDim + col0;
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt)
           *reinterpret_cast<std::uint32_t*>(dst + 8 * nt) =
               pack_bf16x2(o[mt][nt][2 * hi] * inv, o[mt][nt][2 * hi + 1] * inv);
-        if (o_cols == 0 && tq == 0 && p.lse != nullptr) {
+        if (writes_lse && p.lse != nullptr) {
           const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[token] : token;
           p.lse[lse_row * p.num_heads + head] = lse;
         }
@@ -661,9 +693,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     }
 }
 
-template <CacheFormat F, ScorePath kScorePath>
+template <CacheFormat F, PvPath kPv>
 void launch_kernel(const KernelArgs& args, cudaStream_t stream) {
-  const auto kernel = sparse_mla_kernel<F, kScorePath>;
+  const auto kernel = sparse_mla_kernel<F, kPv>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) {
     throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
@@ -676,20 +708,20 @@ void launch_kernel(const KernelArgs& args, cudaStream_t stream) {
 }
 
 template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, ScorePath path, cudaStream_t stream) {
-  if (path == ScorePath::wgmma) {
-    launch_kernel<F, ScorePath::wgmma>(args, stream);
+void run_sparse_mla_kernel(const KernelArgs& args, PvPath path, cudaStream_t stream) {
+  if (path == PvPath::wgmma) {
+    launch_kernel<F, PvPath::wgmma>(args, stream);
   } else {
-    launch_kernel<F, ScorePath::mma_sync>(args, stream);
+    launch_kernel<F, PvPath::mma_sync>(args, stream);
   }
 }
 
 // Each format is compiled in its own translation unit (sparse_mla_<format>.cu).
-extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, ScorePath, cudaStream_t);
-extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, ScorePath, cudaStream_t);
-extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, ScorePath, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, PvPath, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, PvPath, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, PvPath, cudaStream_t);
 
-// launch_sparse_mla with an explicit S path (benchmarks compare the two).
-void launch_sparse_mla_with(const SparseMlaParams& p, ScorePath path, cudaStream_t stream);
+// launch_sparse_mla with an explicit P V path (benchmarks compare the two).
+void launch_sparse_mla_with(const SparseMlaParams& p, PvPath path, cudaStream_t stream);
 
 }  // namespace dsmla::cuda::sparse_mla_detail
