@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "cuda/sparse_mla/sparse_mla.hpp"
-#include "cuda/sparse_mla/sparse_mla_kernel.cuh"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
 
@@ -37,7 +36,6 @@ namespace {
 
 using dsmla::CacheFormat;
 using dsmla::cuda::SparseMlaParams;
-using dsmla::cuda::sparse_mla_detail::PvPath;
 
 #define CHECK_CUDA(x)                                                                             \
   do {                                                                                            \
@@ -247,10 +245,8 @@ struct Result {
   bool ok = false;
 };
 
-const char* path_name(PvPath path) { return path == PvPath::wgmma ? "PV wgmma" : "PV mma.sync"; }
-
-// Checks and times `c` once per P V path, on the same inputs.
-std::vector<Result> run_case(const Case& c, const std::vector<PvPath>& paths, int warmup, int reps) {
+// Checks `c` against the reference, then times it.
+Result run_case(const Case& c, int warmup, int reps) {
   const int H = c.num_heads;
   const std::size_t n = static_cast<std::size_t>(c.num_tokens);
   const int bpt = dsmla::bytes_per_token(c.format);
@@ -293,44 +289,40 @@ std::vector<Result> run_case(const Case& c, const std::vector<PvPath>& paths, in
   double valid = 0;
   for (int cnt : c.counts) valid += cnt;
 
-  std::vector<Result> results;
-  for (PvPath path : paths) {
-    Result r;
-    r.name = c.name + " [" + path_name(path) + "]";
-    r.anchor_us = c.anchor_us;
-    std::printf("%s (workspace %zu B)\n", r.name.c_str(), ws_bytes);
-    CHECK_CUDA(cudaMemset(d_o, 0xFF, n * H * 512 * 2));
-    CHECK_CUDA(cudaMemset(d_lse, 0xFF, n * H * 4));
-    dsmla::cuda::sparse_mla_detail::launch_sparse_mla_with(p, path, nullptr);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    r.ok = check_tokens(c, tokens, d_q, d_cache, d_o, d_lse, p.softmax_scale);
+  Result r;
+  r.name = c.name;
+  r.anchor_us = c.anchor_us;
+  std::printf("%s (workspace %zu B)\n", r.name.c_str(), ws_bytes);
+  CHECK_CUDA(cudaMemset(d_o, 0xFF, n * H * 512 * 2));
+  CHECK_CUDA(cudaMemset(d_lse, 0xFF, n * H * 4));
+  dsmla::cuda::launch_sparse_mla(p, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  r.ok = check_tokens(c, tokens, d_q, d_cache, d_o, d_lse, p.softmax_scale);
 
-    for (int i = 0; i < warmup; ++i) dsmla::cuda::sparse_mla_detail::launch_sparse_mla_with(p, path, nullptr);
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; ++i) {
-      CHECK_CUDA(cudaEventRecord(e0));
-      dsmla::cuda::sparse_mla_detail::launch_sparse_mla_with(p, path, nullptr);
-      CHECK_CUDA(cudaEventRecord(e1));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
-    CHECK_CUDA(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    r.us = ms[reps / 2] * 1e3;
-    r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
-    std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3,
-                ms.back() * 1e3, r.tflops);
-    CHECK_CUDA(cudaEventDestroy(e0));
-    CHECK_CUDA(cudaEventDestroy(e1));
-    results.push_back(r);
+  for (int i = 0; i < warmup; ++i) dsmla::cuda::launch_sparse_mla(p, nullptr);
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    dsmla::cuda::launch_sparse_mla(p, nullptr);
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
   }
+  CHECK_CUDA(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  r.us = ms[reps / 2] * 1e3;
+  r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
+  std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3,
+              ms.back() * 1e3, r.tflops);
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
   for (void* ptr : {static_cast<void*>(d_q), static_cast<void*>(d_o), static_cast<void*>(d_lse),
                     static_cast<void*>(d_cache), static_cast<void*>(d_slots), static_cast<void*>(d_counts), d_ws})
     if (ptr) CHECK_CUDA(cudaFree(ptr));
-  return results;
+  return r;
 }
 
 }  // namespace
@@ -356,12 +348,8 @@ int main(int argc, char** argv) {
     cases.push_back(decode_case(CacheFormat::bf16, 128, 64, 8192, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8, 128, 64, 8192, 2048, 0));
   }
-  const std::vector<PvPath> both = {PvPath::wgmma, PvPath::mma_sync};
   std::vector<Result> results;
-  for (const Case& c : cases) {
-    const std::vector<Result> r = run_case(c, both, 3, 20);
-    results.insert(results.end(), r.begin(), r.end());
-  }
+  for (const Case& c : cases) results.push_back(run_case(c, 3, 20));
   std::printf("\n| case | us | TFLOP/s | FlashMLA us | check |\n|---|---|---|---|---|\n");
   bool all_ok = true;
   for (const Result& r : results) {

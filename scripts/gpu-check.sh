@@ -46,7 +46,9 @@ if [ $mode != bench ]; then
   for t in build-gpu/tests/test_gpu_*; do
     [ -x "$t" ] || continue
     echo "==== $(basename "$t")" >>"$out/tests.log"
+    start=$SECONDS
     "$t" --gtest_filter="$filter" --gtest_brief=1 >"$part" 2>&1 || { status=1; echo "FAILED: $t"; }
+    echo "---- $(basename "$t"): $((SECONDS - start)) s" | tee -a "$part"
     cat "$part" >>"$out/tests.log"
     tail -15 "$part"
   done

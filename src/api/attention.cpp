@@ -51,18 +51,12 @@ Attention::Attention(BackendKind kind, const PlanOptions& options, CpuPrecision 
 Attention::~Attention() = default;
 
 const Plan& Attention::plan(const BatchDesc& batch) {
+  auto planned_batch = std::make_unique<PlannedBatch>(batch);
   std::shared_ptr<const Plan> fresh = planner_.plan(batch, options_);
-  if (fresh->max_blocks_per_request != batch.max_blocks_per_request) {
-    // TEMPORARY until make_plan records Plan::max_blocks_per_request itself.
-    auto patched = std::make_shared<Plan>(*fresh);
-    patched->max_blocks_per_request = batch.max_blocks_per_request;
-    fresh = std::move(patched);
-  }
-  if (fresh != plan_) {
-    impl_->on_plan(*fresh);
-    plan_ = std::move(fresh);
-  }
-  planned_batch_ = std::make_unique<PlannedBatch>(batch);
+  if (fresh != plan_) impl_->on_plan(*fresh);
+  // Commit only once nothing can throw: plan_ and planned_batch_ always describe the same batch.
+  plan_ = std::move(fresh);
+  planned_batch_ = std::move(planned_batch);
   return *plan_;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -235,6 +236,18 @@ TEST_F(CliTest, HelpExitsZero) {
     EXPECT_EQ(r.exit_code, 0) << r.describe();
     EXPECT_NE(r.out.find("usage: dsmla"), std::string::npos) << r.describe();
   }
+}
+
+TEST_F(CliTest, DemoRunsOnTheCpu) {
+  const char* scale = std::getenv("DSMLA_TEST_SCALE");
+  if (scale != nullptr && std::string(scale) == "small") GTEST_SKIP() << "a few seconds of CPU work; skipped at small scale";
+  const CliResult r = cli({"demo", "--backend", "cpu", "--heads", "16"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("backend: cpu"), std::string::npos) << r.describe();
+  // 4 decodes; per_request sends the three short prompts (1350 tokens) dense.
+  EXPECT_NE(r.out.find("force_sparse         4     1622        0"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("per_request          4      272     1350"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("on the 1350 rows routed dense"), std::string::npos) << r.describe();
 }
 
 // ------------------------------------------------------------ bad input files

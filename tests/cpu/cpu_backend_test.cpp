@@ -85,7 +85,7 @@ TEST(CpuBackend, Float32AgreesWithFloat64) {
     const test::ForwardResult f64 = test::run_cpu_forward(c, {.precision = CpuPrecision::float64});
     const test::ForwardResult f32 = test::run_cpu_forward(c, {.precision = CpuPrecision::float32});
     const test::CompareReport r =
-        test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse, test::tolerance_for(f), c.num_heads);
+        test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse, test::bf16_pipeline_tolerance(f), c.num_heads);
     EXPECT_TRUE(r.ok()) << r.summary();
   }
 }

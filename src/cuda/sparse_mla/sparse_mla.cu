@@ -2,7 +2,6 @@
 // the workspace layout and the kernel that merges split partial results.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -146,14 +145,12 @@ std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk) 
                              num_heads);
 }
 
-namespace sparse_mla_detail {
-
-void launch_sparse_mla_with(const SparseMlaParams& p, PvPath path, cudaStream_t stream) {
+void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   check_params(p);
   if (p.num_tokens == 0) return;
   const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, multiprocessor_count());
 
-  KernelArgs args;
+  sparse_mla_detail::KernelArgs args;
   args.p = p;
   args.split_keys = split.split_keys;
   args.num_splits = split.num_splits;
@@ -169,9 +166,11 @@ void launch_sparse_mla_with(const SparseMlaParams& p, PvPath path, cudaStream_t 
   }
 
   switch (p.format) {
-    case CacheFormat::bf16: run_sparse_mla_kernel<CacheFormat::bf16>(args, path, stream); break;
-    case CacheFormat::fp8_ds_mla: run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(args, path, stream); break;
-    case CacheFormat::fp8: run_sparse_mla_kernel<CacheFormat::fp8>(args, path, stream); break;
+    case CacheFormat::bf16: sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::bf16>(args, stream); break;
+    case CacheFormat::fp8_ds_mla:
+      sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(args, stream);
+      break;
+    case CacheFormat::fp8: sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8>(args, stream); break;
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw Error(std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(err));
@@ -184,18 +183,6 @@ void launch_sparse_mla_with(const SparseMlaParams& p, PvPath path, cudaStream_t 
     err = cudaGetLastError();
     if (err != cudaSuccess) throw Error(std::string("sparse MLA combine launch failed: ") + cudaGetErrorString(err));
   }
-}
-
-}  // namespace sparse_mla_detail
-
-void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
-  // TEMPORARY (measurement session): DSMLA_SPARSE_PV_PATH=mma_sync selects the other P V path.
-  static const sparse_mla_detail::PvPath path = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_PV_PATH");
-    return env != nullptr && std::string(env) == "mma_sync" ? sparse_mla_detail::PvPath::mma_sync
-                                                            : sparse_mla_detail::PvPath::wgmma;
-  }();
-  sparse_mla_detail::launch_sparse_mla_with(p, path, stream);
 }
 
 }  // namespace dsmla::cuda

@@ -37,6 +37,9 @@ struct SparseMlaParams {
 
 // Any slot outside [0, num_slots) is treated as empty: the kernel never reads
 // outside the cache. A token with no valid slot gets o_lat = 0 and lse = -inf.
+// Precision: bf16 products with fp32 accumulation; fp8 keys are dequantised to
+// bf16 (bf16(e4m3 * scale)) and P is rounded to bf16 before P V, as in FlashMLA.
+// Needs sm_90a (wgmma) and 227 KB of shared memory per block.
 // Throws dsmla::Error for an unsupported shape or a missing workspace.
 // Never allocates and never synchronises (safe inside CUDA graph capture).
 void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream);

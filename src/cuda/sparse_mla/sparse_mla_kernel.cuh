@@ -266,9 +266,9 @@ struct Fp8Gather {
   float scale[kMaxPart];
 
   template <int kPart>
-  static constexpr int part_begin() { return kPart == 0 ? 0 : kPart0; }
+  __host__ __device__ static constexpr int part_begin() { return kPart == 0 ? 0 : kPart0; }
   template <int kPart>
-  static constexpr int part_count() { return kPart == 0 ? kPart0 : kPerThread - kPart0; }
+  __host__ __device__ static constexpr int part_count() { return kPart == 0 ? kPart0 : kPerThread - kPart0; }
 
   // ok(key) says whether key `key` of the tile is valid; slot(key) its slot.
   template <int kPart, class KeyOk, class SlotOf>
@@ -329,11 +329,10 @@ struct Fp8Gather {
 
 // ---------------------------------------------------------------- the kernel
 
-template <CacheFormat F, PvPath kPv>
+template <CacheFormat F>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArgs args) {
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   constexpr bool kBf16Cache = F == CacheFormat::bf16;
-  constexpr bool kWgmmaPv = kPv == PvPath::wgmma;
   const SparseMlaParams& p = args.p;
 
   const int token = blockIdx.x;
@@ -344,16 +343,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int s_blk = warp & 3;   // S rows: heads [16*s_blk, +16) of the CTA
-  const int s_keys = warp >> 2; // S columns: keys [32*s_keys, +32) of the tile (= warpgroup)
-  // O ownership. wgmma P V: O rows = the S rows, columns [256*s_keys, +256).
-  // mma.sync P V: O rows = head group [32*grp, +32), columns [128*o_cols, +128).
-  const int grp = kWgmmaPv ? 0 : s_blk >> 1;
-  const int o_cols = (warp & 1) + 2 * s_keys;
-  const bool grp_active = kWgmmaPv || 32 * grp < heads_here;
-  const int g = lane >> 2;   // mma fragment row
-  const int tq = lane & 3;   // mma fragment column pair
-  const int r7 = lane & 7;   // swizzle phase of every ldmatrix row this lane addresses
+  const int row_blk = warp & 3;  // S and O rows: heads [16*row_blk, +16) of the CTA
+  const int half = warp >> 2;    // warpgroup: keys [32*half, +32) of S, O columns [256*half, +256)
+  const int g = lane >> 2;       // fragment row (and row + 8)
+  const int tq = lane & 3;       // fragment column pair
 
   const int count = min(max(p.valid_counts[token], 0), p.topk);
   const int key_begin = split * args.split_keys;
@@ -450,33 +443,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     cp_async_commit();
   }
 
-  // ---- per-lane ldmatrix addressing of the mma.sync P V (rows of every 8x8
-  // matrix are 8 consecutive tile rows, so (row & 7) == r7 for all of them):
-  // A rows = P of the group's 32 heads (two m-tiles), B = V rows (keys), .trans.
-  const std::uint32_t p_lane = sP + (32 * grp + (lane & 15)) * 128;
-  const int p_sel = lane >> 4;
-  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int v_sel = lane >> 4;
-
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  // O fragments: [m-tile of 16 heads][n-tile of 8 columns][mma fragment]; 128 fp32 either way.
-  constexpr int kMTiles = kWgmmaPv ? 1 : 2;
-  constexpr int kNTiles = kWgmmaPv ? 32 : 16;
-  float o[kMTiles][kNTiles][4];
+  // O[heads 16*row_blk + g (+8)][columns 256*half + 8*nt + 2*tq (+1)] as wgmma accumulators.
+  float o[32][4];
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int nt = 0; nt < 32; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
-  // Head of O row (mt, hi) of this thread, within the CTA. The S rows
-  // 16*s_blk + 8*hi + g are O rows of m-tile s_mt.
-  auto o_row = [&](int mt, int hi) { return kWgmmaPv ? 16 * s_blk + 8 * hi + g : 32 * grp + 16 * mt + 8 * hi + g; };
-  const int s_mt = kWgmmaPv ? 0 : s_blk & 1;
-  float m_run[kMTiles][2];  // running max (log2 domain) of the O rows
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY;
-  float l_run[2] = {0.f, 0.f};  // row sums of the S rows over this warp's key half
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) of rows g, g + 8
+  float l_run[2] = {0.f, 0.f};              // their row sums over this warpgroup's key half
 
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait_all();
@@ -498,8 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       if (gather_next) gather.template load<0>(cache, p.k_scale, tid, ok_next, slot_next);
     }
 
-    // ---- S = Q K^T: the warpgroup computes 64 heads x 32 keys (zero queries
-    // of missing heads included: wgmma needs the whole warpgroup)
+    // ---- S = Q K^T: 64 heads x this warpgroup's 32 keys
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -510,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       }
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     {
-      const std::uint32_t b_base = kbuf + 32 * s_keys * 128;
+      const std::uint32_t b_base = kbuf + 32 * half * 128;
 #pragma unroll
       for (int ks = 0; ks < kKeyDim / 16; ++ks) {
         const std::uint32_t off = (ks >> 2) * kDimBlockBytes + (ks & 3) * 32;
@@ -527,14 +501,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       if (gather_next) gather.template store<0>(kbuf_next, tid);
     }
 
-    // ---- mask, scale, tile row maxima of this warp's S rows
-    if (grp_active) {
+    // ---- mask, scale, tile row maxima of this warp's rows
+    {
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const bool ok = key_ok(t, 32 * s_keys + 8 * nt + 2 * tq + e);
+          const bool ok = key_ok(t, 32 * half + 8 * nt + 2 * tq + e);
           s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
           s[nt][2 + e] = ok ? s[nt][2 + e] * scale_log2 : -INFINITY;
           mx[0] = fmaxf(mx[0], s[nt][e]);
@@ -546,97 +520,71 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
       }
       if (tq == 0) {
-        red[s_keys * kHeadsPerCta + 16 * s_blk + g] = mx[0];
-        red[s_keys * kHeadsPerCta + 16 * s_blk + 8 + g] = mx[1];
+        red[half * kHeadsPerCta + 16 * row_blk + g] = mx[0];
+        red[half * kHeadsPerCta + 16 * row_blk + 8 + g] = mx[1];
       }
     }
     __syncthreads();
 
-    // ---- online softmax: every warp derives the same running max for its rows
-    if (grp_active) {
-      float m_sub[kMTiles][2], alpha[kMTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int r = o_row(mt, hi);
-          const float tile_max = fmaxf(red[r], red[kHeadsPerCta + r]);
-          const float m_new = fmaxf(m_run[mt][hi], tile_max);
-          // A row with no valid key so far keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
-          m_sub[mt][hi] = m_new == -INFINITY ? 0.f : m_new;
-          alpha[mt][hi] = fast_exp2(m_run[mt][hi] - m_sub[mt][hi]);
-          m_run[mt][hi] = m_new;
-        }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          o[mt][nt][0] *= alpha[mt][0];
-          o[mt][nt][1] *= alpha[mt][0];
-          o[mt][nt][2] *= alpha[mt][1];
-          o[mt][nt][3] *= alpha[mt][1];
-        }
+    // ---- online softmax: both key halves derive the same running max
+    {
+      float m_sub[2], alpha[2];
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        const float msub = s_mt ? m_sub[kMTiles - 1][hi] : m_sub[0][hi];
-        const float a = s_mt ? alpha[kMTiles - 1][hi] : alpha[0][hi];
-        const int row = 16 * s_blk + 8 * hi + g;
+        const int r = 16 * row_blk + 8 * hi + g;
+        const float tile_max = fmaxf(red[r], red[kHeadsPerCta + r]);
+        const float m_new = fmaxf(m_run[hi], tile_max);
+        // A row with no valid key so far keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
+        m_sub[hi] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[hi] = fast_exp2(m_run[hi] - m_sub[hi]);
+        m_run[hi] = m_new;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt) {
+        o[nt][0] *= alpha[0];
+        o[nt][1] *= alpha[0];
+        o[nt][2] *= alpha[1];
+        o[nt][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int row = 16 * row_blk + 8 * hi + g;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          const float p0 = fast_exp2(s[nt][2 * hi] - msub);
-          const float p1 = fast_exp2(s[nt][2 * hi + 1] - msub);
+          const float p0 = fast_exp2(s[nt][2 * hi] - m_sub[hi]);
+          const float p1 = fast_exp2(s[nt][2 * hi + 1] - m_sub[hi]);
           sum += p0 + p1;
-          const std::uint32_t addr = sP + p_offset(row, 4 * s_keys + nt) + tq * 4;
+          const std::uint32_t addr = sP + p_offset(row, 4 * half + nt) + tq * 4;
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16x2(p0, p1)) : "memory");
         }
-        l_run[hi] = l_run[hi] * a + sum;
+        l_run[hi] = l_run[hi] * alpha[hi] + sum;
       }
     }
     if constexpr (!kBf16Cache) {
       if (gather_next) gather.template load<1>(cache, p.k_scale, tid, ok_next, slot_next);
     }
-    if constexpr (kWgmmaPv) fence_proxy_async();  // P is read by wgmma next
+    fence_proxy_async();  // P is read by wgmma next
     __syncthreads();
 
-    // ---- O += P V
-    if constexpr (kWgmmaPv) {
-      // The warpgroup: 64 heads x columns [256*s_keys, +256), A = P, B = V (N-major).
+    // ---- O += P V: 64 heads x columns [256*half, +256), A = P, B = V (N-major)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+    for (int nt = 0; nt < 32; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) fence_operand(o[0][nt][e]);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      const std::uint32_t v_base = kbuf + 4 * s_keys * kDimBlockBytes;
+      for (int e = 0; e < 4; ++e) fence_operand(o[nt][e]);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    {
+      const std::uint32_t v_base = kbuf + 4 * half * kDimBlockBytes;
 #pragma unroll
       for (int ks = 0; ks < kTileKeys / 16; ++ks)
-        wgmma_m64n256k16_bt(o[0], sw128_desc(sP + ks * 32), sw128_mn_desc(v_base + ks * 16 * 128));
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fence_operand(o[0][nt][e]);
-    } else if (grp_active) {
-      // This warp: 32 heads x 128 columns with mma.sync.
-#pragma unroll
-      for (int ks = 0; ks < kTileKeys / 16; ++ks) {
-        std::uint32_t a0[4], a1[4];
-        ldsm_x4(a0, p_lane + (((2 * ks + p_sel) ^ r7) << 4));
-        ldsm_x4(a1, p_lane + 16 * 128 + (((2 * ks + p_sel) ^ r7) << 4));
-        const std::uint32_t v_lane = kbuf + (16 * ks + v_row) * 128;
-#pragma unroll
-        for (int np = 0; np < 8; ++np) {
-          std::uint32_t b[4];
-          const int chunk = 16 * o_cols + 2 * np + v_sel;  // columns 8*chunk..
-          ldsm_x4_trans(b, v_lane + (chunk >> 3) * kDimBlockBytes + (((chunk & 7) ^ r7) << 4));
-          mma_bf16(o[0][2 * np], a0, b[0], b[1]);
-          mma_bf16(o[0][2 * np + 1], a0, b[2], b[3]);
-          mma_bf16(o[kMTiles - 1][2 * np], a1, b[0], b[1]);
-          mma_bf16(o[kMTiles - 1][2 * np + 1], a1, b[2], b[3]);
-        }
-      }
+        wgmma_m64n256k16_bt(o, sw128_desc(sP + ks * 32), sw128_mn_desc(v_base + ks * 16 * 128));
     }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int nt = 0; nt < 32; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fence_operand(o[nt][e]);
     if constexpr (!kBf16Cache) {
       if (gather_next) gather.template store<1>(kbuf_next, tid);
     }
@@ -648,54 +596,49 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 1);
     l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 2);
   }
-  if (grp_active && tq == 0) {
-    red[s_keys * kHeadsPerCta + 16 * s_blk + g] = l_run[0];
-    red[s_keys * kHeadsPerCta + 16 * s_blk + 8 + g] = l_run[1];
+  if (tq == 0) {
+    red[half * kHeadsPerCta + 16 * row_blk + g] = l_run[0];
+    red[half * kHeadsPerCta + 16 * row_blk + 8 + g] = l_run[1];
   }
   __syncthreads();
-  if (!grp_active) return;
 
   const bool split_mode = args.num_splits > 1;
   const std::int64_t out_row0 =
       split_mode ? (static_cast<std::int64_t>(split) * p.num_tokens + token) * p.num_heads
                  : static_cast<std::int64_t>(token) * p.num_heads;
-  const int col0 = (kWgmmaPv ? 256 * s_keys : 128 * o_cols) + 2 * tq;
-  const bool writes_lse = (kWgmmaPv ? s_keys : o_cols) == 0 && tq == 0;
+  const int col0 = 256 * half + 2 * tq;
+  const bool writes_lse = half == 0 && tq == 0;
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = 16 * row_blk + 8 * hi + g;  // head within the CTA
+    if (r >= heads_here) continue;
+    const int head = h0 + r;
+    const float l = red[r] + red[kHeadsPerCta + r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+    const std::int64_t row = out_row0 + head;
+    if (split_mode) {
+      float* dst = args.part_o + row * kValueDim + col0;
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int r = o_row(mt, hi);
-      if (r >= heads_here) continue;
-      const int head = h0 + r;
-      const float l = red[r] + red[kHeadsPerCta + r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse = l > 0.f ? (m_run[mt][hi] + log2f(l)) * 0.6931471805599453f : -INFINITY;
-      const std::int64_t row = out_row0 + head;
-      if (split_mode) {
-        float* dst = args.part_o + row * kValueDim + col0;
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(dst + 8 * nt) = make_float2(o[nt][2 * hi] * inv, o[nt][2 * hi + 1] * inv);
+      if (writes_lse) args.part_lse[row] = lse;
+    } else {
+      __nv_bfloat16* dst = p.o_lat + row * kValueDim + col0;
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          *reinterpret_cast<float2*>(dst + 8 * nt) =
-              make_float2(o[mt][nt][2 * hi] * inv, o[mt][nt][2 * hi + 1] * inv);
-        if (writes_lse) args.part_lse[row] = lse;
-      } else {
-        __nv_bfloat16* dst = p.o_lat + row * kValueDim + col0;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          *reinterpret_cast<std::uint32_t*>(dst + 8 * nt) =
-              pack_bf16x2(o[mt][nt][2 * hi] * inv, o[mt][nt][2 * hi + 1] * inv);
-        if (writes_lse && p.lse != nullptr) {
-          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[token] : token;
-          p.lse[lse_row * p.num_heads + head] = lse;
-        }
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<std::uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hi] * inv, o[nt][2 * hi + 1] * inv);
+      if (writes_lse && p.lse != nullptr) {
+        const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[token] : token;
+        p.lse[lse_row * p.num_heads + head] = lse;
       }
     }
+  }
 }
 
-template <CacheFormat F, PvPath kPv>
-void launch_kernel(const KernelArgs& args, cudaStream_t stream) {
-  const auto kernel = sparse_mla_kernel<F, kPv>;
+template <CacheFormat F>
+void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
+  const auto kernel = sparse_mla_kernel<F>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) {
     throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
@@ -707,21 +650,9 @@ void launch_kernel(const KernelArgs& args, cudaStream_t stream) {
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
 }
 
-template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, PvPath path, cudaStream_t stream) {
-  if (path == PvPath::wgmma) {
-    launch_kernel<F, PvPath::wgmma>(args, stream);
-  } else {
-    launch_kernel<F, PvPath::mma_sync>(args, stream);
-  }
-}
-
 // Each format is compiled in its own translation unit (sparse_mla_<format>.cu).
-extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, PvPath, cudaStream_t);
-extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, PvPath, cudaStream_t);
-extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, PvPath, cudaStream_t);
-
-// launch_sparse_mla with an explicit P V path (benchmarks compare the two).
-void launch_sparse_mla_with(const SparseMlaParams& p, PvPath path, cudaStream_t stream);
+extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, cudaStream_t);
+extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, cudaStream_t);
 
 }  // namespace dsmla::cuda::sparse_mla_detail
