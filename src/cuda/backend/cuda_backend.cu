@@ -180,8 +180,9 @@ void CudaBackend::on_plan(const Plan& plan) {
   for (int r = 0; r < plan.num_requests; ++r) {
     const std::int64_t blocks = (std::int64_t{plan.routes[r].seq_len} + plan.block_size - 1) / plan.block_size;
     if (blocks > plan.max_blocks_per_request)
-      throw Error("CUDA backend: request " + std::to_string(r) + " (seq_len " + std::to_string(plan.routes[r].seq_len) +
-                  ") needs " + std::to_string(blocks) + " block-table columns, plan.max_blocks_per_request is " +
+      throw Error("CUDA backend: request " + std::to_string(r) + " (seq_len " +
+                  std::to_string(plan.routes[r].seq_len) + ") needs " + std::to_string(blocks) +
+                  " block-table columns, plan.max_blocks_per_request is " +
                   std::to_string(plan.max_blocks_per_request));
   }
   require_region(plan.ws_sparse_q, n_sparse * heads * kLatentKeyDim * 2, "ws_sparse_q");
@@ -190,7 +191,8 @@ void CudaBackend::on_plan(const Plan& plan) {
   const auto kv_rows = static_cast<std::size_t>(plan.dense_kv_rows);
   require_region(plan.ws_dense_latent, kv_rows * kLatentKeyDim * 2, "ws_dense_latent");
   require_region(plan.ws_dense_kv, kv_rows * heads * kKvBRowsPerHead * 2, "ws_dense_kv");
-  if (plan.dense_kv_rows > INT32_MAX) throw Error("CUDA backend: dense_kv_rows " + std::to_string(plan.dense_kv_rows) + " exceeds int32");
+  if (plan.dense_kv_rows > INT32_MAX)
+    throw Error("CUDA backend: dense_kv_rows " + std::to_string(plan.dense_kv_rows) + " exceeds int32");
 
   std::vector<SparseTokenInfo> tokens(n_sparse);
   for (std::size_t i = 0; i < n_sparse; ++i) {
@@ -230,7 +232,8 @@ void CudaBackend::check_inputs(const Plan& plan, const ForwardInputs& in, const 
   if (!planned_ || plan.id != plan_id_ || plan.num_tokens != plan_tokens_)
     throw Error("CUDA backend run(): plan " + std::to_string(plan.id) +
                 " was not given to on_plan() (the backend holds the metadata of plan " + std::to_string(plan_id_) + ")");
-  if (!(in.softmax_scale > 0.f)) throw Error("CUDA backend run(): softmax_scale " + std::to_string(in.softmax_scale) + " must be > 0");
+  if (!(in.softmax_scale > 0.f))
+    throw Error("CUDA backend run(): softmax_scale " + std::to_string(in.softmax_scale) + " must be > 0");
   if (plan.options.cache_format == CacheFormat::fp8 && (!(in.k_scale > 0.f) || !(in.q_scale > 0.f)))
     throw Error("CUDA backend run(): fp8 k_scale " + std::to_string(in.k_scale) + " and q_scale " +
                 std::to_string(in.q_scale) + " must be > 0");
