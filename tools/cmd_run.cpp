@@ -109,7 +109,7 @@ int run_main(int argc, char** argv) {
   const char* backend_name = backend == BackendKind::cuda ? "cuda" : "cpu";
   std::fprintf(stderr, "dsmla run: running on the %s backend\n", backend_name);
   const RunOutputs result = runner.run();
-  std::printf("run: %s backend, %.3f ms\n", backend_name, result.median_ms);
+  std::printf("run: %s backend, %.3f ms (one run, wall time)\n", backend_name, result.median_ms);
 
   const std::int64_t T = c.num_tokens, H = c.num_heads;
   io::File f;
