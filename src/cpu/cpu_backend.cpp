@@ -7,9 +7,9 @@
 //   2. w_kv_b is converted once to Real;
 //   3. sparse path (decode + sparse prefill rows): top-k positions -> global slots
 //      (convert_topk_to_slots, which also rejects any bad index), every distinct slot
-//      dequantised once into a key table, then one work item per (token, group of 16
-//      heads): absorbed query, scores over the token's keys, softmax, latent output,
-//      value up-projection;
+//      dequantised once into a key table, then one work item per (block of up to 16
+//      tokens, group of 16 heads): absorbed queries, scores over each token's keys,
+//      softmax, latent output, value up-projection;
 //   4. dense path, request by request: the latent rows of all positions are gathered
 //      once (cached prefix dequantised, new tokens from the fresh inputs), then per
 //      group of 16 heads K_nope / V are up-projected once for every position and each
@@ -31,8 +31,10 @@
 //  - float32 mode rounds to bf16 exactly the values the GPU keeps in bf16 workspaces
 //    (Plan::ws_*): the absorbed query (bf16 / fp8_ds_mla caches), the latent output
 //    o_lat, the gathered latent rows of dense requests and their up-projected K/V. That
-//    keeps float32 close to the GPU, and the float32-vs-float64 tests then show that the
-//    GPU's intermediate precision fits the tolerances. float64 mode never rounds an
+//    keeps float32 close to the GPU, and the float32-vs-float64 tests measure what those
+//    roundings cost (about one output in a million lands just past the DESIGN bf16
+//    tolerance; without them float32 stays below 0.4x of it: see
+//    bf16_pipeline_tolerance in tests/support). float64 mode never rounds an
 //    intermediate; only the outputs are rounded (out to bf16, lse to float).
 #include <algorithm>
 #include <cmath>
@@ -157,12 +159,19 @@ class Forward {
 
   void run() {
     check_inputs(plan_, in_);
+    // Top-k positions -> global slots first: a bad index (token and column named)
+    // throws before anything is written.
+    std::vector<std::int32_t> slots;
+    if (!plan_.sparse_tokens.empty()) {
+      const std::size_t n = static_cast<std::size_t>(plan_.num_tokens) * static_cast<std::size_t>(plan_.options.topk);
+      slots = convert_topk_to_slots(plan_, batch_of(plan_, in_), {in_.topk_indices, n});
+    }
     write_cache();
     for (std::int64_t t = 0; t < plan_.num_tokens; ++t)
       if (plan_.token_path[t] == TokenPath::padding) write_zero_rows(in_, heads_, t, 0, heads_);
     if (plan_.sparse_tokens.empty() && plan_.dense_requests.empty()) return;
     convert_weights();
-    if (!plan_.sparse_tokens.empty()) run_sparse();
+    if (!plan_.sparse_tokens.empty()) run_sparse(std::move(slots));
     for (const DenseRequest& request : plan_.dense_requests) run_dense(request);
   }
 
@@ -219,13 +228,10 @@ class Forward {
   }
 
   // ------------------------------------------------------------ sparse path
-  void run_sparse() {
+  // rows: [n_sparse, topk] global slots of the sparse tokens' top-k entries (-1 = none).
+  void run_sparse(std::vector<std::int32_t> rows) {
     const std::int64_t n = static_cast<std::int64_t>(plan_.sparse_tokens.size());
     const std::size_t topk = static_cast<std::size_t>(plan_.options.topk);
-    const BatchDesc batch = batch_of(plan_, in_);
-    // Validates every index of every sparse row (token and column named on error).
-    std::vector<std::int32_t> rows = convert_topk_to_slots(
-        plan_, batch, {in_.topk_indices, static_cast<std::size_t>(plan_.num_tokens) * topk});
 
     // Every distinct slot is dequantised once; rows then hold indices into that table.
     std::vector<std::int32_t> distinct;

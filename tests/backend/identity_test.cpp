@@ -46,7 +46,7 @@ class IdentityTest : public ::testing::TestWithParam<IdentityParam> {
     cache.apply(spec);
     spec.topk = 128;
     spec.block_size = 32;
-    spec.num_heads = 32;
+    spec.num_heads = test::scaled(32, 16);
     spec.topk_fill = TopkFill::causal_full;
     // Pure prefills (dense under both policies), one ending on the topk edge and on a
     // block edge; a chunk over a cached prefix (dense under per_batch only); a decode.

@@ -103,6 +103,18 @@ TEST(CpuBackend, BadTopkIndexIsRejectedWithTokenAndColumn) {
   EXPECT_TRUE(contains(run_error(c), "-2"));
 }
 
+TEST(CpuBackend, BadIndexThrowsBeforeTheCacheIsWritten) {
+  Case c = mixed_case(CacheFormat::fp8_ds_mla);
+  c.topk_indices[static_cast<std::size_t>(c.query_start_loc[3]) * c.topk] = 1000;
+  const std::vector<std::uint8_t> cache_before = c.kv_cache;
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(c.num_tokens) * c.num_heads * kVHeadDim);
+  std::vector<float> lse(static_cast<std::size_t>(c.num_tokens) * c.num_heads);
+  Attention att(BackendKind::cpu, c.plan_options());
+  att.plan(c.batch());
+  EXPECT_THROW(att.run(c.inputs(out.data(), lse.data()), nullptr), Error);
+  EXPECT_EQ(c.kv_cache, cache_before);
+}
+
 TEST(CpuBackend, IndicesOfDenseRowsAreNotRead) {
   Case c = mixed_case();
   // topk 128 and per_batch: every prefill (seq_len <= 128) is dense, only the decode
