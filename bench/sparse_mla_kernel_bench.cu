@@ -100,7 +100,7 @@ struct Case {
   int topk = 2048;
   int num_tokens = 0;
   std::int64_t num_slots = 0;
-  float k_scale = 1.f, q_scale = 1.f;
+  float k_scale = 1.f;
   std::vector<std::int32_t> slots;   // [n, topk]
   std::vector<std::int32_t> counts;  // [n]
   double anchor_us = 0;              // FlashMLA on the same work (ANCHORS.md), 0 = none
@@ -190,11 +190,7 @@ bool check_tokens(const Case& c, const std::vector<int>& tokens, const std::uint
     std::vector<double> ref_lse(H), rel_err(H);
     auto one_head = [&](int h) {
       std::vector<double> qd(576), sc(n), acc(512, 0.0);
-      for (int d = 0; d < 576; ++d) {
-        float v = dsmla::bf16_to_float(q[static_cast<std::size_t>(h) * 576 + d]);
-        if (c.format == CacheFormat::fp8) v = dsmla::e4m3_to_float(dsmla::float_to_e4m3(v / c.q_scale)) * c.q_scale;
-        qd[d] = v;
-      }
+      for (int d = 0; d < 576; ++d) qd[d] = dsmla::bf16_to_float(q[static_cast<std::size_t>(h) * 576 + d]);
       double mx = -INFINITY;
       for (int j = 0; j < n; ++j) {
         double dot = 0;
@@ -270,7 +266,6 @@ Result run_case(const Case& c, int warmup, int reps) {
   p.num_slots = c.num_slots;
   p.format = c.format;
   p.k_scale = c.k_scale;
-  p.q_scale = c.q_scale;
   p.slots = d_slots;
   p.valid_counts = d_counts;
   p.num_tokens = c.num_tokens;

@@ -5,8 +5,8 @@
 
 #include "case_runner.hpp"
 #include "cli.hpp"
-#include "compare.hpp"
 #include "dsmla/case.hpp"
+#include "dsmla/compare.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/safetensors.hpp"
 
@@ -33,7 +33,10 @@ options:
   --check               also run the CPU float64 reference on a copy of the
                         inputs, print max abs / max rel error of out and lse and
                         exit 1 when they exceed the tolerance of the cache format
-                        (bf16: rtol 1e-2 atol 1e-2; fp8 formats: rtol 6.5e-2 atol 5e-2)
+                        (bf16: rtol 1e-2 atol 1e-2; fp8 formats: rtol 6.5e-2 atol 5e-2),
+                        the policy of the test suite: NaN never passes, lse -inf
+                        only matches -inf, and up to 10 outputs per million may
+                        exceed the bound by at most 1.5x (bf16 intermediates)
 
 exit status: 0 ok, 1 runtime failure or failed --check, 2 usage error or bad input
 )";
@@ -55,28 +58,21 @@ std::int64_t differing_cache_tokens(const std::vector<std::uint8_t>& a, const st
   return n;
 }
 
-// "token 3, head 5, column 17" for an element of out ([T, H, 128]) or lse ([T, H]).
-std::string element_name(std::int64_t index, int num_heads, int per_head) {
-  const std::int64_t per_token = static_cast<std::int64_t>(num_heads) * per_head;
-  std::string s = "token " + std::to_string(index / per_token) + ", head " +
-                  std::to_string(index % per_token / per_head);
-  if (per_head > 1) s += ", column " + std::to_string(index % per_head);
-  return s;
+// The --check verdict: one line per tensor, then the first failures.
+void print_check(const CompareReport& r, const Tolerance& tol) {
+  std::printf("check against the cpu float64 reference (rtol %g, atol %g; up to %zu of %zu outputs may exceed the "
+              "bound by at most %gx):\n",
+              tol.rtol, tol.atol, r.allowed_out_outliers, r.out_values, tol.outlier_factor);
+  std::printf("  out: max abs %.3e, max rel %.3e (%.2fx the bound), %zu of %zu outside tolerance, %zu beyond %gx\n",
+              r.max_out_error, r.max_out_rel_error, r.max_out_bound_ratio, r.out_failures, r.out_values,
+              r.out_hard_failures, tol.outlier_factor);
+  std::printf("  lse: max abs %.3e, max rel %.3e (%.2fx the bound), %zu of %zu outside tolerance\n", r.max_lse_error,
+              r.max_lse_rel_error, r.max_lse_bound_ratio, r.lse_failures, r.lse_values);
+  if (r.nonfinite_got + r.nonfinite_ref + r.empty_mismatches > 0)
+    std::printf("  non-finite values: %zu in the run, %zu in the reference; lse -inf on one side only: %zu\n",
+                r.nonfinite_got, r.nonfinite_ref, r.empty_mismatches);
+  for (const std::string& f : r.first_failures) std::printf("    %s\n", f.c_str());
 }
-
-// One line per compared tensor, plus the first element outside tolerance.
-template <class Value>
-void print_diff(const char* name, const DiffStats& d, const std::vector<Value>& got, const std::vector<Value>& ref,
-                int num_heads, int per_head, float (*to_float)(Value)) {
-  std::printf("  %s: %s\n", name, describe(d).c_str());
-  if (d.first_failed >= 0) {
-    const auto i = static_cast<std::size_t>(d.first_failed);
-    std::printf("    first outside tolerance: %s: got %.6g, reference %.6g\n",
-                element_name(d.first_failed, num_heads, per_head).c_str(), to_float(got[i]), to_float(ref[i]));
-  }
-}
-
-float identity(float x) { return x; }
 
 }  // namespace
 
@@ -128,16 +124,15 @@ int run_main(int argc, char** argv) {
   std::fprintf(stderr, "dsmla run: running the cpu float64 reference\n");
   CaseRunner reference(c, BackendKind::cpu, c.plan_options(), CpuPrecision::float64, threads);
   const RunOutputs ref = reference.run();
-  const Tolerance tol = tolerance_for(c.cache_format);
-  const DiffStats out_diff = compare_bf16(result.out, ref.out, tol);
-  const DiffStats lse_diff = compare_values(result.lse, ref.lse, tol);
+  // The run keeps bf16 intermediates (GPU, or CPU float32 mimicking it): the
+  // tests' policy for such a run against float64.
+  const Tolerance tol = bf16_pipeline_tolerance(c.cache_format);
+  const CompareReport report = compare_outputs(ref.out, ref.lse, result.out, result.lse, tol, c.num_heads);
   const std::int64_t cache_diff = differing_cache_tokens(result.kv_cache, ref.kv_cache, bytes_per_token(c.cache_format));
-  std::printf("check against the cpu float64 reference (rtol %g, atol %g):\n", tol.rtol, tol.atol);
-  print_diff("out", out_diff, result.out, ref.out, c.num_heads, kVHeadDim, bf16_to_float);
-  print_diff("lse", lse_diff, result.lse, ref.lse, c.num_heads, 1, identity);
+  print_check(report, tol);
   std::printf("  kv_cache: %lld of %lld cache tokens differ\n", static_cast<long long>(cache_diff),
               static_cast<long long>(c.num_cache_blocks * c.block_size));
-  const bool passed = out_diff.passed() && lse_diff.passed();
+  const bool passed = report.ok();
   std::printf("check %s\n", passed ? "passed" : "FAILED");
   return passed ? 0 : kExitRuntime;
 }

@@ -38,8 +38,11 @@ struct ForwardInputs {
   std::uint16_t* out = nullptr;            // [T, H*128] bf16
   float* lse = nullptr;                    // [T, H] natural-log sum-exp of scaled scores; -inf if no key
   float softmax_scale = 0;                 // > 0
-  float k_scale = 1;                       // fp8 cache only
-  float q_scale = 1;                       // fp8 cache only: absorbed query quantised as e4m3(x / q_scale)
+  float k_scale = 1;                       // fp8 cache only: key = e4m3 code * k_scale
+  // fp8 cache only: accepted for engines that pass a query scale and checked (finite, > 0),
+  // but it changes no result: dsmla never quantises the query (scores are bf16 MMA products
+  // of the bf16 absorbed query with the dequantised keys).
+  float q_scale = 1;
 };
 
 class BackendImpl;  // one per backend, in src/cpu and src/cuda

@@ -60,7 +60,9 @@ typedef struct {
   void* out;                      /* [T, H*128] bf16 */
   float* lse;                     /* [T, H] */
   float softmax_scale;
-  float k_scale;
+  float k_scale; /* fp8 cache only: key = e4m3 code * k_scale */
+  /* fp8 cache only: checked (finite, > 0) for engines that pass one, but it changes no
+     result: dsmla never quantises the query. */
   float q_scale;
 } dsmla_inputs;
 

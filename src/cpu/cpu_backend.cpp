@@ -21,21 +21,18 @@
 //  - A sparse token whose top-k row has no valid entry attends to nothing: out = 0 and
 //    lse = -inf (the log of an empty sum), so merging it with other partial results
 //    gives it zero weight.
-//  - CacheFormat::fp8: the absorbed query [q_lat | q_pe] (576) is quantised before the
-//    scores as x -> e4m3(x / q_scale) * q_scale, the way the GPU feeds e4m3 to both sides
-//    of the score product; q_lat is quantised straight from its float accumulation. The
-//    code e4m3(x / q_scale) is exactly representable in bf16, so a bf16 workspace holds it
-//    without loss; rounding q_lat to bf16 *before* quantising would flip about 3% of the
-//    e4m3 roundings (measured: lse off by up to 0.09 against float64, outside the fp8
-//    tolerance). The dense path uses the bf16 query unchanged.
+//  - The absorbed query is never quantised, whatever the cache format: the GPU computes
+//    the scores in bf16 MMA after dequantising the keys, so an e4m3 query would only
+//    lose accuracy (and make the sparse path disagree with the dense one). q_scale is
+//    validated (finite, > 0) for engines that pass it, but changes no result.
 //  - float32 mode rounds to bf16 exactly the values the GPU keeps in bf16 workspaces
-//    (Plan::ws_*): the absorbed query (bf16 / fp8_ds_mla caches), the latent output
-//    o_lat, the gathered latent rows of dense requests and their up-projected K/V. That
-//    keeps float32 close to the GPU, and the float32-vs-float64 tests measure what those
-//    roundings cost (about one output in a million lands just past the DESIGN bf16
-//    tolerance; without them float32 stays below 0.4x of it: see
-//    bf16_pipeline_tolerance in tests/support). float64 mode never rounds an
-//    intermediate; only the outputs are rounded (out to bf16, lse to float).
+//    (Plan::ws_*): the absorbed query, the latent output o_lat, the gathered latent
+//    rows of dense requests and their up-projected K/V. That keeps float32 close to
+//    the GPU, and the float32-vs-float64 tests measure what those roundings cost
+//    (about one output in a million lands just past the DESIGN bf16 tolerance;
+//    without them float32 stays below 0.4x of it: see bf16_pipeline_tolerance in
+//    tests/support). float64 mode never rounds an intermediate; only the outputs are
+//    rounded (out to bf16, lse to float).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -86,12 +83,6 @@ void load_bf16(const std::uint16_t* src, Real* dst, int n) {
 template <class Real>
 void store_bf16(const Real* src, std::uint16_t* dst) {
   for (int i = 0; i < kVHeadDim; ++i) dst[i] = float_to_bf16(static_cast<float>(src[i]));
-}
-
-template <class Real>
-Real quantize_query_e4m3(Real x, float q_scale) {
-  const float scaled = static_cast<float>(x / q_scale);
-  return static_cast<Real>(e4m3_to_float(float_to_e4m3(scaled))) * q_scale;
 }
 
 void write_zero_rows(const ForwardInputs& in, int num_heads, std::int64_t t, int h0, int h1) {
@@ -294,7 +285,7 @@ class Forward {
       if (count[i0 + k] == 0) write_zero_rows(in_, heads_, tokens[k], h0, h0 + kHeadGroup);
   }
 
-  // q_abs[token][g] = [W_UK(h)^T q_nope | q_pe] for h = h0 + g, quantised for fp8.
+  // q_abs[token][g] = [W_UK(h)^T q_nope | q_pe] for h = h0 + g.
   void absorb_queries(const std::vector<std::int64_t>& tokens, int h0, Real* q_abs) const {
     const int nt = static_cast<int>(tokens.size());
     constexpr std::size_t kRowStride = std::size_t(kHeadGroup) * kLatentKeyDim;
@@ -309,12 +300,7 @@ class Forward {
         Real* row = q_abs + k * kRowStride + g * kLatentKeyDim;
         const std::uint16_t* q_pe = q_row(tokens[k], h) + kNopeDim;
         for (int r = 0; r < kRopeDim; ++r) row[kLatentDim + r] = bf16_bits_to_float(q_pe[r]);
-        if (format_ == CacheFormat::fp8) {
-          // Quantised straight from the accumulator, never via bf16 (see the top of the file).
-          for (int c = 0; c < kLatentKeyDim; ++c) row[c] = quantize_query_e4m3(row[c], in_.q_scale);
-        } else {
-          for (int c = 0; c < kLatentDim; ++c) row[c] = workspace_round(row[c]);
-        }
+        for (int c = 0; c < kLatentDim; ++c) row[c] = workspace_round(row[c]);
       }
     }
   }

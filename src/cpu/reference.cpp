@@ -54,8 +54,7 @@ HeadResult softmax_combine(const std::vector<double>& scores, const std::vector<
 
 }  // namespace
 
-HeadResult absorbed_attention(const HeadQuery& query, std::span<const double> latents,
-                              std::optional<double> fp8_q_scale) {
+HeadResult absorbed_attention(const HeadQuery& query, std::span<const double> latents) {
   check(query, latents);
   const std::size_t n = latents.size() / kLatentKeyDim;
   const auto w = head_weights(query);
@@ -65,10 +64,6 @@ HeadResult absorbed_attention(const HeadQuery& query, std::span<const double> la
   for (int c = 0; c < kLatentDim; ++c)
     for (int i = 0; i < kNopeDim; ++i) q_abs[c] += query_value(query, i) * w[i][c];
   for (int r = 0; r < kRopeDim; ++r) q_abs[kLatentDim + r] = query_value(query, kNopeDim + r);
-  if (fp8_q_scale) {
-    for (double& x : q_abs)
-      x = e4m3_to_float(float_to_e4m3(static_cast<float>(x / *fp8_q_scale))) * *fp8_q_scale;
-  }
 
   std::vector<double> scores(n);
   std::vector<std::vector<double>> kv_c(n);

@@ -5,7 +5,6 @@
 // positions explicitly and passes their latent rows.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -24,11 +23,8 @@ struct HeadResult {
 };
 
 // Absorbed ("MQA") formula over latent keys: `latents` holds n rows of 576
-// values [kv_c | k_pe], one per attended position. When fp8_q_scale is set the
-// absorbed query [q_lat | q_pe] is first quantised as e4m3(x / q_scale) * q_scale
-// (the CacheFormat::fp8 convention).
-HeadResult absorbed_attention(const HeadQuery& query, std::span<const double> latents,
-                              std::optional<double> fp8_q_scale = std::nullopt);
+// values [kv_c | k_pe], one per attended position.
+HeadResult absorbed_attention(const HeadQuery& query, std::span<const double> latents);
 
 // Up-projected ("MHA") formula: K(s) = [W_UK(h) kv_c(s) | k_pe(s)], V(s) = W_UV(h) kv_c(s).
 HeadResult mha_attention(const HeadQuery& query, std::span<const double> latents);

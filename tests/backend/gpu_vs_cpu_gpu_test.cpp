@@ -232,8 +232,8 @@ test::ForwardResult expect_matches_cpu(const Case& c, const std::string& label) 
   const test::ForwardResult ref =
       test::run_cpu_forward(c, {.precision = CpuPrecision::float32, .threads = 0, .checked = true});
   test::ForwardResult got = run_gpu_forward(c);
-  const test::CompareReport report =
-      test::compare_outputs(ref.out, ref.lse, got.out, got.lse, test::tolerance_for(c.cache_format), c.num_heads);
+  const CompareReport report =
+      compare_outputs(ref.out, ref.lse, got.out, got.lse, tolerance_for(c.cache_format), c.num_heads);
   EXPECT_TRUE(report.ok()) << label << ": " << report.summary();
   ErrorStats& s = error_stats()[format_name(c)];
   ++s.cases;
@@ -547,8 +547,8 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
     const test::ForwardResult got = d.collect(plan, base.num_heads);
     const test::ForwardResult ref =
         test::run_cpu_forward(next, {.precision = CpuPrecision::float32, .threads = 0, .checked = true});
-    const test::CompareReport report = test::compare_outputs(ref.out, ref.lse, got.out, got.lse,
-                                                             test::tolerance_for(base.cache_format), base.num_heads);
+    const CompareReport report = compare_outputs(ref.out, ref.lse, got.out, got.lse,
+                                                 tolerance_for(base.cache_format), base.num_heads);
     EXPECT_TRUE(report.ok()) << "replay " << step << ": " << report.summary();
     expect_same_cache(ref.kv_cache, got.kv_cache, base.cache_format, "replay " + std::to_string(step));
     EXPECT_NE(got.out, previous_out) << "replay " << step << " returned the previous step's output";
@@ -636,8 +636,8 @@ TEST(GpuBadIndices, FastEntryStaysInBounds) {
   const test::ForwardResult ref =
       test::run_cpu_forward(cleaned, {.precision = CpuPrecision::float32, .threads = 0, .checked = true});
   const test::ForwardResult got = run_gpu_forward(c);
-  const test::CompareReport report =
-      test::compare_outputs(ref.out, ref.lse, got.out, got.lse, test::tolerance_for(c.cache_format), c.num_heads);
+  const CompareReport report =
+      compare_outputs(ref.out, ref.lse, got.out, got.lse, tolerance_for(c.cache_format), c.num_heads);
   EXPECT_TRUE(report.ok()) << report.summary();
   expect_same_cache(ref.kv_cache, got.kv_cache, c.cache_format, "bad indices");
 }

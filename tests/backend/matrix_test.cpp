@@ -84,8 +84,8 @@ TEST_P(DesignMatrixTest, Float32MatchesFloat64) {
   if (p.workload != Workload::prefill_only || p.length == Length::at_or_above_topk) {
     EXPECT_FALSE(f64.plan.sparse_tokens.empty()) << "no token took the sparse path";
   }
-  const test::CompareReport cmp = test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse,
-                                                        test::bf16_pipeline_tolerance(c.cache_format), c.num_heads);
+  const CompareReport cmp = compare_outputs(f64.out, f64.lse, f32.out, f32.lse,
+                                            bf16_pipeline_tolerance(c.cache_format), c.num_heads);
   EXPECT_TRUE(cmp.ok()) << cmp.summary();
 
   // float64 must be right, not merely consistent with float32.

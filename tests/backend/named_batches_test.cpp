@@ -29,8 +29,8 @@ bool heavy(const NamedParam& p) {
 void expect_float32_matches_float64(const Case& c) {
   const test::ForwardResult f64 = test::run_cpu_forward(c, {.precision = CpuPrecision::float64});
   const test::ForwardResult f32 = test::run_cpu_forward(c, {.precision = CpuPrecision::float32});
-  const test::CompareReport cmp = test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse,
-                                                        test::bf16_pipeline_tolerance(c.cache_format), c.num_heads);
+  const CompareReport cmp = compare_outputs(f64.out, f64.lse, f32.out, f32.lse,
+                                            bf16_pipeline_tolerance(c.cache_format), c.num_heads);
   EXPECT_TRUE(cmp.ok()) << cmp.summary();
   const test::NaiveReport naive = test::check_against_naive(
       c, f64, {1.0 / 256, 1e-6}, {1e-6, 1e-5}, {.extra_tokens_per_request = 1, .extra_heads = 0});

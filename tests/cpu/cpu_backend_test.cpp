@@ -84,9 +84,28 @@ TEST(CpuBackend, Float32AgreesWithFloat64) {
     const Case c = mixed_case(f);
     const test::ForwardResult f64 = test::run_cpu_forward(c, {.precision = CpuPrecision::float64});
     const test::ForwardResult f32 = test::run_cpu_forward(c, {.precision = CpuPrecision::float32});
-    const test::CompareReport r =
-        test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse, test::bf16_pipeline_tolerance(f), c.num_heads);
+    const CompareReport r =
+        compare_outputs(f64.out, f64.lse, f32.out, f32.lse, bf16_pipeline_tolerance(f), c.num_heads);
     EXPECT_TRUE(r.ok()) << r.summary();
+  }
+}
+
+// q_scale is accepted for engines that pass one, but dsmla never quantises the query:
+// the same fp8 case gives bit-identical outputs with q_scale 1, 2 and 3 (3 is not a
+// power of two, so an e4m3 query quantisation would change nearly every score).
+TEST(CpuBackend, QScaleChangesNoResult) {
+  Case c = mixed_case(CacheFormat::fp8);
+  for (CpuPrecision p : {CpuPrecision::float32, CpuPrecision::float64}) {
+    c.q_scale = 1;
+    const test::ForwardResult want = test::run_cpu_forward(c, {.precision = p});
+    ASSERT_FALSE(want.plan.sparse_tokens.empty());  // the path that used to quantise
+    for (float q_scale : {2.f, 3.f}) {
+      SCOPED_TRACE("q_scale " + std::to_string(q_scale));
+      c.q_scale = q_scale;
+      const test::ForwardResult got = test::run_cpu_forward(c, {.precision = p});
+      EXPECT_EQ(want.out, got.out);
+      EXPECT_EQ(0, std::memcmp(want.lse.data(), got.lse.data(), want.lse.size() * sizeof(float)));
+    }
   }
 }
 

@@ -18,7 +18,6 @@ namespace {
 
 using test::CpuRunOptions;
 using test::ForwardResult;
-using test::Tolerance;
 
 // float64 writes the exact result rounded once to bf16 (half an ulp, 2^-9
 // relative) and lse rounded to float; summation order is the only other difference.
@@ -38,7 +37,7 @@ void expect_matches_naive(const Case& c, const test::NaiveSample& sample = {}) {
   EXPECT_TRUE(r64.ok()) << "float64: " << r64.summary();
 
   const ForwardResult f32 = test::run_cpu_forward(c, {.precision = CpuPrecision::float32});
-  const Tolerance tol = test::tolerance_for(c.cache_format);
+  const Tolerance tol = tolerance_for(c.cache_format);
   const test::NaiveReport r32 = test::check_against_naive(c, f32, tol, tol, sample);
   EXPECT_TRUE(r32.ok()) << "float32: " << r32.summary();
 }
@@ -197,8 +196,8 @@ TEST(CpuLargeBatch, SeveralThousandTokens) {
   ASSERT_EQ(c.num_tokens, requests * 64);
   const ForwardResult f64 = test::run_cpu_forward(c);
   const ForwardResult f32 = test::run_cpu_forward(c, {.precision = CpuPrecision::float32});
-  const test::CompareReport cmp = test::compare_outputs(f64.out, f64.lse, f32.out, f32.lse,
-                                                        test::bf16_pipeline_tolerance(c.cache_format), c.num_heads);
+  const CompareReport cmp = compare_outputs(f64.out, f64.lse, f32.out, f32.lse,
+                                            bf16_pipeline_tolerance(c.cache_format), c.num_heads);
   EXPECT_TRUE(cmp.ok()) << cmp.summary();
   const test::NaiveReport naive = test::check_against_naive(c, f64, kFloat64OutTolerance, kFloat64LseTolerance,
                                                             {.extra_tokens_per_request = 0, .extra_heads = 0});

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <optional>
 #include <random>
 #include <sstream>
 
@@ -21,15 +20,6 @@ bool small_scale() {
 }
 
 int scaled(int normal, int small) { return small_scale() ? small : normal; }
-
-Tolerance tolerance_for(CacheFormat format) {
-  switch (format) {
-    case CacheFormat::bf16: return {1e-2, 1e-2};
-    case CacheFormat::fp8_ds_mla:
-    case CacheFormat::fp8: return {6.5e-2, 5e-2};
-  }
-  throw Error("tolerance_for: unknown cache format " + std::to_string(static_cast<int>(format)));
-}
 
 std::string CacheVariant::name() const {
   std::string n(to_string(format));
@@ -52,107 +42,6 @@ const std::vector<CacheVariant>& cache_variants() {
       {CacheFormat::fp8, 2, 3},
   };
   return variants;
-}
-
-Tolerance bf16_pipeline_tolerance(CacheFormat format) {
-  Tolerance t = tolerance_for(format);
-  t.outlier_fraction = 1e-5;
-  t.outlier_factor = 1.5;
-  return t;
-}
-
-// ------------------------------------------------------------ comparison
-
-bool CompareReport::ok() const {
-  return nan_ref == 0 && nan_got == 0 && empty_mismatches == 0 && lse_failures == 0 && out_hard_failures == 0 &&
-         out_failures <= allowed_out_outliers;
-}
-
-std::string CompareReport::summary() const {
-  std::ostringstream s;
-  s << (ok() ? "match" : "MISMATCH") << ": " << lse_values << " lse, " << out_values << " outputs; NaN ref/got "
-    << nan_ref << "/" << nan_got << ", empty-set mismatches " << empty_mismatches << ", lse failures "
-    << lse_failures << " (max err " << max_lse_error << "), output failures " << out_failures << " of "
-    << allowed_out_outliers << " allowed outliers, " << out_hard_failures << " beyond the outlier factor (max err "
-    << max_out_error << ")";
-  for (const std::string& f : first_failures) s << "\n  " << f;
-  return s.str();
-}
-
-namespace {
-
-bool within(double got, double ref, Tolerance tol, double factor = 1) {
-  return std::abs(got - ref) <= factor * (tol.atol + tol.rtol * std::abs(ref));
-}
-
-}  // namespace
-
-CompareReport compare_outputs(std::span<const std::uint16_t> ref_out, std::span<const float> ref_lse,
-                              std::span<const std::uint16_t> got_out, std::span<const float> got_lse,
-                              Tolerance tolerance, int num_heads) {
-  if (ref_out.size() != got_out.size() || ref_lse.size() != got_lse.size())
-    throw Error("compare_outputs: sizes differ (out " + std::to_string(ref_out.size()) + " vs " +
-                std::to_string(got_out.size()) + ", lse " + std::to_string(ref_lse.size()) + " vs " +
-                std::to_string(got_lse.size()) + ")");
-  if (num_heads <= 0 || ref_lse.size() % static_cast<std::size_t>(num_heads) != 0 ||
-      ref_out.size() != ref_lse.size() * kVHeadDim)
-    throw Error("compare_outputs: out has " + std::to_string(ref_out.size()) + " values and lse " +
-                std::to_string(ref_lse.size()) + ", not [T, H*128] and [T, H] with H = " +
-                std::to_string(num_heads));
-
-  CompareReport r;
-  r.lse_values = ref_lse.size();
-  r.out_values = ref_out.size();
-  r.allowed_out_outliers = static_cast<std::size_t>(tolerance.outlier_fraction * static_cast<double>(ref_out.size()));
-  auto where = [num_heads](std::size_t lse_index) {
-    return "token " + std::to_string(lse_index / num_heads) + " head " + std::to_string(lse_index % num_heads);
-  };
-  auto describe = [&r](std::string text) {
-    if (r.first_failures.size() < CompareReport::kMaxDescribed) r.first_failures.push_back(std::move(text));
-  };
-  auto bad = [](double x) { return std::isnan(x) || x == std::numeric_limits<double>::infinity(); };
-
-  for (std::size_t i = 0; i < ref_lse.size(); ++i) {
-    const double ref = ref_lse[i], got = got_lse[i];
-    std::ostringstream text;
-    text << where(i) << ": lse ref " << ref << " got " << got;
-    if (bad(ref) || bad(got)) {
-      r.nan_ref += bad(ref);
-      r.nan_got += bad(got);
-      describe(text.str());
-    } else if (std::isinf(ref) || std::isinf(got)) {
-      if (ref != got) {
-        ++r.empty_mismatches;
-        describe(text.str() + " (empty set on one side only)");
-      }
-    } else {
-      r.max_lse_error = std::max(r.max_lse_error, std::abs(got - ref));
-      if (!within(got, ref, tolerance)) {
-        ++r.lse_failures;
-        describe(text.str());
-      }
-    }
-  }
-  for (std::size_t i = 0; i < ref_out.size(); ++i) {
-    const double ref = bf16_to_float(ref_out[i]), got = bf16_to_float(got_out[i]);
-    const std::size_t head_row = i / kVHeadDim;
-    std::ostringstream text;
-    text << where(head_row) << " column " << i % kVHeadDim << ": out ref " << ref << " got " << got;
-    if (std::isnan(ref) || std::isnan(got) || std::isinf(ref) || std::isinf(got)) {
-      r.nan_ref += std::isnan(ref) || std::isinf(ref);
-      r.nan_got += std::isnan(got) || std::isinf(got);
-      describe(text.str());
-      continue;
-    }
-    r.max_out_error = std::max(r.max_out_error, std::abs(got - ref));
-    if (!within(got, ref, tolerance)) {
-      ++r.out_failures;
-      const bool hard = !within(got, ref, tolerance, std::max(1.0, tolerance.outlier_factor));
-      r.out_hard_failures += hard;
-      describe(text.str() + (hard ? "" : " (outlier)"));
-    }
-  }
-  return r;
 }
 
 // ------------------------------------------------------------ poisoning
@@ -270,13 +159,13 @@ NaiveReport check_against_naive(const Case& c, const ForwardResult& got, Toleran
         fail(where + ": lse " + std::to_string(lse) + ", naive " + std::to_string(want.lse));
     } else {
       report.max_lse_error = std::max(report.max_lse_error, std::abs(lse - want.lse));
-      if (!within(lse, want.lse, lse_tolerance) || std::isnan(lse))
+      if (!lse_tolerance.accepts(lse, want.lse))
         fail(where + ": lse " + std::to_string(lse) + ", naive " + std::to_string(want.lse));
     }
     for (int v = 0; v < kVHeadDim; ++v) {
       const double o = bf16_to_float(got.out[(t * H + h) * kVHeadDim + v]);
       report.max_out_error = std::max(report.max_out_error, std::abs(o - want.out[v]));
-      if (!within(o, want.out[v], out_tolerance) || std::isnan(o)) {
+      if (!out_tolerance.accepts(o, want.out[v])) {
         fail(where + " column " + std::to_string(v) + ": out " + std::to_string(o) + ", naive " +
              std::to_string(want.out[v]));
         return;  // one failure per head is enough
@@ -289,8 +178,6 @@ NaiveReport check_against_naive(const Case& c, const ForwardResult& got, Toleran
   std::sort(heads.begin(), heads.end());
   heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
 
-  const std::optional<double> q_scale =
-      c.cache_format == CacheFormat::fp8 ? std::optional<double>(c.q_scale) : std::nullopt;
   std::vector<double> latents;
   for (int r = 0; r < c.num_requests; ++r) {
     const std::int64_t start = c.query_start_loc[r], q_len = c.query_start_loc[r + 1] - start;
@@ -327,9 +214,7 @@ NaiveReport check_against_naive(const Case& c, const ForwardResult& got, Toleran
                                          .w_kv_b = c.w_kv_b.data(),
                                          .head = h,
                                          .softmax_scale = c.softmax_scale};
-        if (!dense) {
-          check_head(t, h, reference::absorbed_attention(query, latents, q_scale));
-        } else if (sample.dense_rows_as_identity) {
+        if (!dense || sample.dense_rows_as_identity) {
           check_head(t, h, reference::absorbed_attention(query, latents));
         } else {
           check_head(t, h, reference::mha_attention(query, latents));

@@ -1,6 +1,7 @@
-// Shared helpers of the dsmla test suites (CPU and GPU): output comparison
-// with tolerances, guard bytes around outputs, poisoning, test scale, and a
-// runner for the CPU backend on a Case.
+// Shared helpers of the dsmla test suites (CPU and GPU): guard bytes around
+// outputs, poisoning, test scale, cache variants, a runner for the CPU backend
+// on a Case and a check against the naive reference. Outputs are compared with
+// dsmla::compare_outputs (dsmla/compare.hpp), the policy the CLI uses too.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "dsmla/attention.hpp"
 #include "dsmla/case.hpp"
+#include "dsmla/compare.hpp"
 #include "dsmla/plan.hpp"
 #include "dsmla/types.hpp"
 
@@ -22,26 +24,6 @@ bool small_scale();
 // `normal` at full scale, `small` under DSMLA_TEST_SCALE=small.
 int scaled(int normal, int small);
 
-// |got - ref| <= atol + rtol * |ref|, element-wise. Optionally a small fraction of
-// the outputs (never lse values) may exceed that bound by at most outlier_factor.
-struct Tolerance {
-  double rtol = 0;
-  double atol = 0;
-  double outlier_fraction = 0;
-  double outlier_factor = 1;
-};
-
-// DESIGN §5: bf16 cache rtol 1e-2 / atol 1e-2, fp8 caches rtol 6.5e-2 / atol 5e-2. Strict.
-Tolerance tolerance_for(CacheFormat format);
-
-// tolerance_for(format) for a computation that keeps intermediates in bf16 the way a
-// tensor-core pipeline must (absorbed query, latent output, up-projected K/V: the
-// CPU backend's float32 mode, the GPU) compared with float64. Those roundings put
-// about one output in a million just past the element-wise bound (measured on
-// synthetic N(0,1) data: at most 1.16x, while float32 without them stays below 0.4x),
-// so up to 10 per million outputs may exceed it, none by more than 1.5x.
-Tolerance bf16_pipeline_tolerance(CacheFormat format);
-
 // A cache format with the scales it runs with. DESIGN §5 runs bf16, fp8_ds_mla
 // and fp8 with (q_scale, k_scale) = (1, 1) and (2, 3): cache_variants().
 struct CacheVariant {
@@ -51,30 +33,6 @@ struct CacheVariant {
   void apply(SyntheticSpec& spec) const;
 };
 const std::vector<CacheVariant>& cache_variants();
-
-// Result of compare_outputs. NaN never passes, an lse of -inf passes only
-// against -inf, and the first few failures are described with token, head and column.
-struct CompareReport {
-  std::size_t lse_values = 0, out_values = 0;
-  std::size_t nan_ref = 0, nan_got = 0;       // NaN (or lse +inf) in either side
-  std::size_t empty_mismatches = 0;           // lse -inf on one side only
-  std::size_t lse_failures = 0;
-  std::size_t out_failures = 0;       // beyond the element-wise bound
-  std::size_t out_hard_failures = 0;  // beyond outlier_factor times the bound
-  std::size_t allowed_out_outliers = 0;
-  double max_lse_error = 0, max_out_error = 0;  // absolute, over finite pairs
-  std::vector<std::string> first_failures;      // at most kMaxDescribed
-
-  static constexpr std::size_t kMaxDescribed = 8;
-  bool ok() const;
-  std::string summary() const;
-};
-
-// Compares two forwards' outputs: out [T, H*128] bf16 bits and lse [T, H].
-// lse is compared first (a wrong softmax shows there), then every output value.
-CompareReport compare_outputs(std::span<const std::uint16_t> ref_out, std::span<const float> ref_lse,
-                              std::span<const std::uint16_t> got_out, std::span<const float> got_lse,
-                              Tolerance tolerance, int num_heads);
 
 // A bf16 NaN pattern no kernel produces by accident: poisoned outputs that are
 // never written stay NaN and fail every comparison.
@@ -175,8 +133,8 @@ struct NaiveSample {
   int extra_tokens_per_request = 2;
   int extra_heads = 1;
   std::uint64_t seed = 7;
-  // Check dense rows against the absorbed (sparse) formula over 0..pos, without the
-  // fp8 query quantisation, instead of the MHA formula: the identity of DESIGN §2.
+  // Check dense rows against the absorbed (sparse) formula over 0..pos instead of
+  // the MHA formula: the identity of DESIGN §2.
   bool dense_rows_as_identity = false;
 };
 

@@ -1,5 +1,4 @@
 // Small kernels of the CUDA backend's run() (see backend_kernels.hpp).
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,7 +6,6 @@
 
 #include "cuda/backend/backend_kernels.hpp"
 #include "cuda/common/cuda_check.hpp"
-#include "cuda/common/fp8.cuh"
 #include "dsmla/types.hpp"
 
 namespace dsmla::cuda {
@@ -114,27 +112,6 @@ __global__ void __launch_bounds__(kMoveThreads) prepare_sparse_query_kernel(Spar
   }
 }
 
-__global__ void __launch_bounds__(kMoveThreads) quantize_query_kernel(QueryQuantParams p) {
-  constexpr int kQuads = kLatentDim / 4;  // float4 per pair
-  const std::int64_t total = p.num_pairs * kQuads;
-  for (std::int64_t idx = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
-       idx += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t pair = idx / kQuads;
-    const int quad = static_cast<int>(idx % kQuads);
-    const float4 x = reinterpret_cast<const float4*>(p.q_lat + pair * kLatentDim)[quad];
-    const float v[4] = {x.x, x.y, x.z, x.w};
-    std::uint32_t packed[2];
-#pragma unroll
-    for (int k = 0; k < 4; k += 2) {
-      const float lo = e4m3_to_float(float_to_e4m3(__fdiv_rn(v[k], p.q_scale))) * p.q_scale;
-      const float hi = e4m3_to_float(float_to_e4m3(__fdiv_rn(v[k + 1], p.q_scale))) * p.q_scale;
-      const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
-      packed[k / 2] = *reinterpret_cast<const std::uint32_t*>(&two);
-    }
-    reinterpret_cast<uint2*>(p.q_abs + pair * kLatentKeyDim)[quad] = make_uint2(packed[0], packed[1]);
-  }
-}
-
 __global__ void __launch_bounds__(kMoveThreads) scatter_rows_kernel(ScatterRowsParams p) {
   const int vecs = p.row_elems / kVec;
   const std::int64_t total = std::int64_t{p.num_tokens} * vecs;
@@ -173,12 +150,6 @@ void launch_prepare_sparse_query(const SparseQueryPrepParams& p, cudaStream_t st
   prepare_sparse_query_kernel<<<move_blocks(std::int64_t{p.num_tokens} * p.num_heads * vecs), kMoveThreads, 0,
                                 stream>>>(p);
   check_launch("prepare_sparse_query_kernel");
-}
-
-void launch_quantize_query(const QueryQuantParams& p, cudaStream_t stream) {
-  if (p.num_pairs <= 0) return;
-  quantize_query_kernel<<<move_blocks(p.num_pairs * (kLatentDim / 4)), kMoveThreads, 0, stream>>>(p);
-  check_launch("quantize_query_kernel");
 }
 
 void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream) {

@@ -50,19 +50,6 @@ struct SparseQueryPrepParams {
 };
 void launch_prepare_sparse_query(const SparseQueryPrepParams& p, cudaStream_t stream);
 
-// fp8 cache: q_abs[pair, 0:512] = bf16(e4m3(q_lat[pair, c] / q_scale) * q_scale), quantised
-// straight from the fp32 GEMM accumulator as the CPU backend does (rounding to bf16 first
-// would flip about 3% of the e4m3 roundings). The stored value is exact in bf16 (an e4m3
-// code has 4 significant bits), so the sparse kernel's own quantisation of its bf16
-// query leaves it unchanged.
-struct QueryQuantParams {
-  const float* q_lat = nullptr;  // [num_pairs, 512] fp32 (pair = token * H + head)
-  std::int64_t num_pairs = 0;
-  float q_scale = 1.f;
-  std::uint16_t* q_abs = nullptr;  // [num_pairs, 576] bf16; only [0:512] is written
-};
-void launch_quantize_query(const QueryQuantParams& p, cudaStream_t stream);
-
 // out[tokens[i].row, :] = compact[i, :] for rows of `row_elems` bf16 values.
 struct ScatterRowsParams {
   const std::uint16_t* compact = nullptr;  // [num_tokens, row_elems]

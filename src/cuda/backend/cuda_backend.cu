@@ -9,8 +9,8 @@
 //   2. padding rows: out = 0, lse = -inf;
 //   3. sparse path (decode + sparse prefill tokens):
 //        top-k -> compacted global slots + valid counts     (ws_sparse_slots)
-//        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe];
-//                                                             fp8 cache: via fp32 + e4m3 quantisation)
+//        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe], bf16; the
+//                                                             query is never quantised, whatever the format)
 //        launch_sparse_mla                                   (ws_sparse_o = o_lat)
 //        output up-projection, one strided-batched GEMM      (out, or compact then scatter)
 //   4. dense path (short prefills):
@@ -25,13 +25,10 @@
 // after the sparse kernel has consumed it. When the sparse tokens form one
 // contiguous range, the GEMMs read q and write out in place through strides.
 //
-// Workspace: the regions of the plan (Plan::ws_*), then two regions of the
-// backend's own, each 256-byte aligned (see BackendRegions): the split-KV scratch
-// of the sparse kernel, whose size depends on the device's multiprocessor count
-// that the host-only planner cannot know, and for the fp8 cache the fp32 staging
-// of the absorbed query, which is quantised to e4m3 from the GEMM's fp32 result
-// (the CPU backend's convention: a bf16 round first would flip ~3% of the e4m3
-// roundings).
+// Workspace: the regions of the plan (Plan::ws_*), then one region of the
+// backend's own, 256-byte aligned (see BackendRegions): the split-KV scratch of
+// the sparse kernel, whose size depends on the device's multiprocessor count
+// that the host-only planner cannot know.
 //
 // The cuBLAS handle and its 32 MiB workspace are created at construction; the
 // workspace is re-attached on every run because cublasSetStream resets it,
@@ -42,6 +39,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,15 +84,14 @@ void require_region(const WorkspaceRegion& r, std::size_t needed, const char* na
                 std::to_string(needed));
 }
 
-// C[i] = op(A[i]) * op(B[i]) for `batch` column-major matrices: A and B bf16, C of
-// type c_type (bf16 or fp32), fp32 accumulation.
+// C[i] = op(A[i]) * op(B[i]) for `batch` column-major bf16 matrices, fp32 accumulation.
 void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const void* a,
-          int lda, long long stride_a, const void* b, int ldb, long long stride_b, void* c, cudaDataType c_type,
-          int ldc, long long stride_c, int batch) {
+          int lda, long long stride_a, const void* b, int ldb, long long stride_b, void* c, int ldc,
+          long long stride_c, int batch) {
   const float alpha = 1.f, beta = 0.f;
   DSMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_a, op_b, m, n, k, &alpha, a, CUDA_R_16BF, lda, stride_a,
-                                                b, CUDA_R_16BF, ldb, stride_b, &beta, c, c_type, ldc, stride_c, batch,
-                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                b, CUDA_R_16BF, ldb, stride_b, &beta, c, CUDA_R_16BF, ldc, stride_c,
+                                                batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 constexpr std::size_t kWorkspaceAlignment = 256;
@@ -106,7 +103,6 @@ std::size_t align_workspace(std::size_t bytes) {
 // The backend's regions after the plan's layout; a size of 0 means unused.
 struct BackendRegions {
   WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes(n_sparse, H, topk)
-  WorkspaceRegion q_lat_f32;     // fp8 cache: [n_sparse, H, 512] fp32 absorbed query
   std::size_t total_bytes = 0;   // the whole workspace run() needs
 };
 
@@ -119,11 +115,8 @@ BackendRegions backend_regions(const Plan& plan) {
     end = region.offset + bytes;
   };
   const std::size_t n = plan.sparse_tokens.size();
-  if (n > 0) {
+  if (n > 0)
     place(r.sparse_split, sparse_mla_workspace_bytes(static_cast<int>(n), plan.options.num_heads, plan.options.topk));
-    if (plan.options.cache_format == CacheFormat::fp8)
-      place(r.q_lat_f32, n * plan.options.num_heads * kLatentDim * sizeof(float));
-  }
   r.total_bytes = end;
   return r;
 }
@@ -234,9 +227,12 @@ void CudaBackend::check_inputs(const Plan& plan, const ForwardInputs& in, const 
                 " was not given to on_plan() (the backend holds the metadata of plan " + std::to_string(plan_id_) + ")");
   if (!(in.softmax_scale > 0.f))
     throw Error("CUDA backend run(): softmax_scale " + std::to_string(in.softmax_scale) + " must be > 0");
-  if (plan.options.cache_format == CacheFormat::fp8 && (!(in.k_scale > 0.f) || !(in.q_scale > 0.f)))
+  // q_scale changes no result (the query is never quantised); it is checked, as on the CPU
+  // backend, for engines that pass it.
+  const auto finite_positive = [](float x) { return std::isfinite(x) && x > 0.f; };
+  if (plan.options.cache_format == CacheFormat::fp8 && (!finite_positive(in.k_scale) || !finite_positive(in.q_scale)))
     throw Error("CUDA backend run(): fp8 k_scale " + std::to_string(in.k_scale) + " and q_scale " +
-                std::to_string(in.q_scale) + " must be > 0");
+                std::to_string(in.q_scale) + " must be finite and > 0");
   require_pointer(in.q, 16, "q");
   require_pointer(in.kv_c, 16, "kv_c");
   require_pointer(in.k_pe, 16, "k_pe");
@@ -314,16 +310,8 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
   const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
   constexpr long long kWeightStride = static_cast<long long>(kKvBRowsPerHead) * kLatentDim;  // one head of w_kv_b
-  if (plan.options.cache_format == CacheFormat::fp8) {
-    auto* q_lat = region<float>(workspace, regions_.q_lat_f32);  // [n, H, 512] fp32
-    gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
-         q_nope_ld, q_nope_stride, q_lat, CUDA_R_32F, heads * kLatentDim, kLatentDim, heads);
-    launch_quantize_query(
-        {.q_lat = q_lat, .num_pairs = std::int64_t{n} * heads, .q_scale = in.q_scale, .q_abs = q_abs}, stream);
-  } else {
-    gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
-         q_nope_ld, q_nope_stride, q_abs, CUDA_R_16BF, heads * kLatentKeyDim, kLatentKeyDim, heads);
-  }
+  gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
+       q_nope_ld, q_nope_stride, q_abs, heads * kLatentKeyDim, kLatentKeyDim, heads);
 
   SparseMlaParams sp;
   sp.q = reinterpret_cast<const __nv_bfloat16*>(q_abs);
@@ -331,7 +319,6 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   sp.num_slots = plan.num_cache_slots;
   sp.format = plan.options.cache_format;
   sp.k_scale = in.k_scale;
-  sp.q_scale = in.q_scale;
   sp.slots = slots;
   sp.valid_counts = valid_counts;
   sp.num_tokens = n;
@@ -350,7 +337,7 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   const int out_ld = heads * kVHeadDim;
   std::uint16_t* out_rows = sparse_contiguous_ ? in.out + first_row * out_ld : q_abs;  // q_abs is consumed
   gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kVHeadDim, n, kLatentDim, in.w_kv_b + kNopeDim * kLatentDim, kLatentDim,
-       kWeightStride, o_lat, heads * kLatentDim, kLatentDim, out_rows, CUDA_R_16BF, out_ld, kVHeadDim, heads);
+       kWeightStride, o_lat, heads * kLatentDim, kLatentDim, out_rows, out_ld, kVHeadDim, heads);
   if (!sparse_contiguous_)
     launch_scatter_rows(
         {.compact = out_rows, .tokens = sparse_tokens_.data(), .num_tokens = n, .row_elems = out_ld, .out = in.out},
@@ -381,7 +368,7 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   // B (512 x rows), A = w_kv_b as column-major 512 x H*256, B = the latent rows (ld 576, first 512 values).
   const int up_cols = heads * kKvBRowsPerHead;
   gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, up_cols, kv_rows, kLatentDim, in.w_kv_b, kLatentDim, 0, latent,
-       kLatentKeyDim, 0, kv_up, CUDA_R_16BF, up_cols, 0, 1);
+       kLatentKeyDim, 0, kv_up, up_cols, 0, 1);
 
   DenseMhaParams dp;
   dp.q = reinterpret_cast<const __nv_bfloat16*>(in.q);

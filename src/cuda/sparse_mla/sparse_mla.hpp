@@ -18,7 +18,6 @@ struct SparseMlaParams {
   std::int64_t num_slots = 0;
   CacheFormat format = CacheFormat::bf16;
   float k_scale = 1.f;                // fp8: key = e4m3 * k_scale
-  float q_scale = 1.f;                // fp8: query used = e4m3(q / q_scale) * q_scale
   const std::int32_t* slots = nullptr;         // [num_tokens, topk] global slots; the first
                                                // valid_counts[i] entries of row i are the valid ones
   const std::int32_t* valid_counts = nullptr;  // [num_tokens]; clamped to [0, topk]

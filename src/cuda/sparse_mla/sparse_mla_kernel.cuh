@@ -234,14 +234,6 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4 raw, float scale, ui
   hi.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w >> 16), scale);
 }
 
-// bf16 -> e4m3(x / q_scale) * q_scale -> bf16: the fp8 cache's query convention.
-__device__ __forceinline__ std::uint32_t fake_quant_bf16x2(std::uint32_t two, float q_scale) {
-  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&two));
-  const __nv_fp8_storage_t e0 = __nv_cvt_float_to_fp8(f.x / q_scale, __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8_storage_t e1 = __nv_cvt_float_to_fp8(f.y / q_scale, __NV_SATFINITE, __NV_E4M3);
-  return e4m3x2_to_bf16x2(static_cast<std::uint16_t>(e0 | (e1 << 8)), q_scale);
-}
-
 // ---------------------------------------------------------------- fp8 gather
 
 // Gather of one key tile from an fp8 cache through registers. The tile is cut
@@ -398,32 +390,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     issue_slots(0);
     cp_async_commit();
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(token) * p.num_heads + h0) * kKeyDim;
-    if constexpr (F == CacheFormat::fp8) {
-      const float q_scale = p.q_scale;
 #pragma unroll 6
-      for (int i = 0; i < kHeadsPerCta * kRowChunks / kThreads; ++i) {
-        const int c = tid + kThreads * i;
-        const int row = c / kRowChunks;
-        const int ch = c - row * kRowChunks;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row < heads_here) {
-          v = __ldg(reinterpret_cast<const uint4*>(q_cta + row * kKeyDim) + ch);
-          v.x = fake_quant_bf16x2(v.x, q_scale);
-          v.y = fake_quant_bf16x2(v.y, q_scale);
-          v.z = fake_quant_bf16x2(v.z, q_scale);
-          v.w = fake_quant_bf16x2(v.w, q_scale);
-        }
-        st_shared_16(sQ + tile_offset(row, ch), v);
-      }
-    } else {
-#pragma unroll 6
-      for (int i = 0; i < kHeadsPerCta * kRowChunks / kThreads; ++i) {
-        const int c = tid + kThreads * i;
-        const int row = c / kRowChunks;
-        const int ch = c - row * kRowChunks;
-        const bool in = row < heads_here;
-        cp_async_16(sQ + tile_offset(row, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
-      }
+    for (int i = 0; i < kHeadsPerCta * kRowChunks / kThreads; ++i) {
+      const int c = tid + kThreads * i;
+      const int row = c / kRowChunks;
+      const int ch = c - row * kRowChunks;
+      const bool in = row < heads_here;
+      cp_async_16(sQ + tile_offset(row, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
     }
     cp_async_commit();
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // the slots, not yet the query
