@@ -28,7 +28,8 @@ options:
   --block-size B          tokens per cache block (default 64)
   --topk N                top-k columns (default 2048)
   --seed N                random seed (default 1)
-  --k-scale X, --q-scale X  fp8 per-tensor scales (default 1)
+  --k-scale X, --q-scale X  fp8 per-tensor scales (default 1; q_scale is recorded
+                            but changes no result: dsmla never quantises the query)
   --policy NAME           routing policy stored in the case (default per_request)
   --decode-threshold N    stored in the case (default 1)
   --topk-fill NAME        causal_full | random_subset | all_empty (default causal_full)

@@ -214,11 +214,8 @@ NaiveReport check_against_naive(const Case& c, const ForwardResult& got, Toleran
                                          .w_kv_b = c.w_kv_b.data(),
                                          .head = h,
                                          .softmax_scale = c.softmax_scale};
-        if (!dense || sample.dense_rows_as_identity) {
-          check_head(t, h, reference::absorbed_attention(query, latents));
-        } else {
-          check_head(t, h, reference::mha_attention(query, latents));
-        }
+        check_head(t, h, dense ? reference::mha_attention(query, latents)
+                               : reference::absorbed_attention(query, latents));
       }
     }
   }

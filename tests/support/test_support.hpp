@@ -133,9 +133,6 @@ struct NaiveSample {
   int extra_tokens_per_request = 2;
   int extra_heads = 1;
   std::uint64_t seed = 7;
-  // Check dense rows against the absorbed (sparse) formula over 0..pos instead of
-  // the MHA formula: the identity of DESIGN §2.
-  bool dense_rows_as_identity = false;
 };
 
 struct NaiveReport {
