@@ -3,7 +3,9 @@
 //
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
 //        bench/sparse_mla_kernel_bench.cu src/cuda/sparse_mla/*.cu src/format/*.cpp -o /tmp/sparse_mla_bench
-//   /tmp/sparse_mla_bench [--quick]
+//   /tmp/sparse_mla_bench [--quick | --small-heads]
+//
+// --small-heads: the H 16 / 32 cases (keys-as-rows kernel) next to H 128.
 //
 // Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S = 1024,
 // token at position p attends to min(p + 1, topk) positions of its sequence
@@ -324,18 +326,30 @@ Result run_case(const Case& c, int warmup, int reps) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool small_heads = argc > 1 && std::strcmp(argv[1], "--small-heads") == 0;
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::vector<Case> cases;
-  cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
-  cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 64, 8192, 2048, 121.2));
-  if (!quick) {
+  if (small_heads) {
+    cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
+    cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, 1024, 2048, 0));
+    cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, 1024, 2048, 0));
+    cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 16, 16384, 1024, 2048, 0));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 16, 64, 8192, 2048, 0));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 32, 1, 8192, 2048, 0));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 64, 8192, 2048, 121.2));
+  } else {
+    cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
+    cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 64, 8192, 2048, 121.2));
+  }
+  if (!quick && !small_heads) {
     cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 1024, 2048, 2460));
     cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 128, 16384, 1024, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 4096, 2048, 12620));
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 256, 2048, 2370));
     cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, 1024, 2048, 0));
+    cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, 1024, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 16, 8192, 2048, 65.4));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 128, 8192, 2048, 212.6));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, 64, 8192, 2048, 100.4));

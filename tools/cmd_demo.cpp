@@ -63,11 +63,13 @@ RowDiff diff_rows(const RunOutputs& a, const RunOutputs& b, int num_tokens, int 
   for (int t = 0; t < num_tokens; ++t) {
     if (!select(t)) continue;
     ++d.rows;
+    // A NaN anywhere must show, not vanish in std::max: it counts as an infinite difference.
+    auto worst = [](double acc, double diff) { return std::isnan(diff) ? INFINITY : std::max(acc, diff); };
     for (std::size_t i = t * out_row; i < (t + 1) * out_row; ++i)
-      d.out = std::max<double>(d.out, std::abs(bf16_to_float(a.out[i]) - bf16_to_float(b.out[i])));
+      d.out = worst(d.out, std::abs(bf16_to_float(a.out[i]) - bf16_to_float(b.out[i])));
     for (std::size_t i = static_cast<std::size_t>(t) * num_heads; i < static_cast<std::size_t>(t + 1) * num_heads;
          ++i)
-      if (a.lse[i] != b.lse[i]) d.lse = std::max<double>(d.lse, std::abs(a.lse[i] - b.lse[i]));
+      if (a.lse[i] != b.lse[i]) d.lse = worst(d.lse, std::abs(a.lse[i] - b.lse[i]));
   }
   return d;
 }

@@ -344,7 +344,9 @@ class GpuVsCpuNamed : public ::testing::TestWithParam<NamedParam> {};
 TEST_P(GpuVsCpuNamed, SameResults) {
   DSMLA_SKIP_WITHOUT_GPU();
   const auto& [name, topk, cache] = GetParam();
-  SyntheticSpec spec = make_spec(kCaches[cache], 64, 64, topk);
+  // Each cache variant meets the named batches at another head count and block size.
+  constexpr int kHeads[] = {64, 128, 32, 16}, kBlocks[] = {64, 16, 128, 32};
+  SyntheticSpec spec = make_spec(kCaches[cache], kHeads[cache], kBlocks[cache], topk);
   apply_named_batch(name, spec);
   spec.seed = 7 + topk + cache;
   expect_matches_cpu(make_synthetic_case(spec), name);
@@ -357,7 +359,7 @@ std::string named_name(const ::testing::TestParamInfo<NamedParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Design5, GpuVsCpuNamed,
                          ::testing::Combine(::testing::ValuesIn(named_batch_names()), ::testing::Values(128, 2048),
-                                            ::testing::Values(0, 1)),
+                                            ::testing::Values(0, 1, 2, 3)),
                          named_name);
 
 // ---------------------------------------------------------------- routing policies
@@ -575,7 +577,7 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
   cudaGraphDestroy(graph);
 }
 
-INSTANTIATE_TEST_SUITE_P(Caches, GpuGraph, ::testing::Values(0, 1),
+INSTANTIATE_TEST_SUITE_P(Caches, GpuGraph, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return std::string(kCaches[info.param].name); });
 
 // ---------------------------------------------------------------- bad indices

@@ -385,7 +385,7 @@ TEST_P(SparseMlaManyTokens, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaManyTokens,
-                         ::testing::Combine(::testing::Values(16, 64, 128), ::testing::Values(0, 1, 3)),
+                         ::testing::Combine(::testing::Values(16, 32, 64, 128), ::testing::Values(0, 1, 3)),
                          [](const ::testing::TestParamInfo<ManyTokenParam>& info) {
                            return "H" + std::to_string(std::get<0>(info.param)) + "_" +
                                   kVariants[std::get<1>(info.param)].name;

@@ -225,8 +225,8 @@ void CudaBackend::check_inputs(const Plan& plan, const ForwardInputs& in, const 
   if (!planned_ || plan.id != plan_id_ || plan.num_tokens != plan_tokens_)
     throw Error("CUDA backend run(): plan " + std::to_string(plan.id) +
                 " was not given to on_plan() (the backend holds the metadata of plan " + std::to_string(plan_id_) + ")");
-  if (!(in.softmax_scale > 0.f))
-    throw Error("CUDA backend run(): softmax_scale " + std::to_string(in.softmax_scale) + " must be > 0");
+  if (!(in.softmax_scale > 0.f) || !std::isfinite(in.softmax_scale))
+    throw Error("CUDA backend run(): softmax_scale " + std::to_string(in.softmax_scale) + " must be finite and > 0");
   // q_scale changes no result (the query is never quantised); it is checked, as on the CPU
   // backend, for engines that pass it.
   const auto finite_positive = [](float x) { return std::isfinite(x) && x > 0.f; };

@@ -1,10 +1,13 @@
-// Sparse MLA forward kernel (DESIGN §2, absorbed "MQA" path) for sm_90a.
+// Sparse MLA forward kernels (DESIGN §2, absorbed "MQA" path) for sm_90a.
 //
 // Work split
 //   One CTA per (token, block of up to 64 heads, split of the top-k range),
 //   256 threads = 8 warps = 2 warpgroups. All heads share the keys (MQA), so a
-//   tile of 64 keys is gathered once per CTA (as bf16 in smem) and serves all
-//   64 heads in both products, on the tensor cores through wgmma:
+//   tile of 64 keys is gathered once per CTA (as bf16 in smem, KeyTiles) and
+//   serves all heads in both products, on the tensor cores through wgmma.
+//   wgmma has M = 64 rows, so there are two kernels:
+//
+//   Heads as rows (sparse_mla_kernel, H other than 16 and 32):
 //     S = Q K^T  warpgroup k: all 64 heads x keys [32k, 32k+32) of the tile,
 //                36 x m64n32k16 over the 576 dims (Q and K K-major in smem);
 //                warp w of the warpgroup holds S rows 16w.. (16 fp32 / thread).
@@ -18,11 +21,27 @@
 //   in the epilogue. Heads beyond num_heads run on zero queries (wgmma needs
 //   the whole warpgroup) and are not stored.
 //
+//   Keys as rows (sparse_mla_key_rows_kernel, H = 16 or 32, DeepSeek-V3.2 at
+//   TP 8 / TP 4): 64 head rows would waste 4x / 2x of the tensor-core work, so
+//   both products are transposed and the heads become the wgmma N (8 or 16).
+//   Warpgroup k owns heads [k*H/2, (k+1)*H/2) and runs independently of the
+//   other one (named barriers; the CTA only syncs at the top of a tile):
+//     S^T = K Q^T  64 keys x H/2 heads, 36 x m64n(H/2)k16 (A = key tile, B = Q
+//                  rows, both K-major); warp w holds keys 16w.. .
+//     O^T += V^T P^T  512 dims x H/2 heads, 8 dim blocks x 4 x m64n(H/2)k16
+//                  (A = the key tile read M-major, i.e. transposed; B = P rows
+//                  of these heads, K-major); warp w holds dims 64b + 16w.. .
+//   Softmax statistics are per column (head): maxima are reduced over the lanes
+//   of a column and the 4 warps (smem), sums stay per thread until the
+//   epilogue. P keeps the [head][key] layout of the other kernel.
+//
 // Shared memory (230,656 B + 1 KB to align the base to 1024 B)
-//   Q      [64 heads][576] bf16                  73,728 B (loaded once)
+//   Q      [64 heads][576] bf16                  73,728 B (loaded once; keys as
+//          rows: only the first H rows are loaded and read)
 //   K[2]   [64 keys][576] bf16, double buffer   147,456 B
 //   P      [64 heads][64 keys] bf16               8,192 B
-//   red    [2 key halves][64 heads] fp32            512 B (row maxima, then sums)
+//   red    [2 key halves][64 heads] fp32            512 B (row maxima, then sums;
+//          keys as rows: [2 warpgroups][4 warps][H/2] column maxima, then sums)
 //   slots  [3][64] int32 ring of the slot numbers of tiles t, t+1, t+2
 //   Q, K and P use the 128-byte swizzle layout of wgmma: blocks of 64 columns,
 //   each [rows][128 B], 16-byte chunk c of row r stored at c ^ (r & 7). The key
@@ -39,7 +58,7 @@
 //         tensor-core work.
 //   S, mask (position >= valid count or slot out of range -> -inf), row max
 //   -> smem, __syncthreads, rescale O, P = exp2(S - m) -> smem, proxy fence,
-//   __syncthreads, O += P V.
+//   __syncthreads, O += P V. (Keys as rows: both barriers are per warpgroup.)
 //   Prologue: the slot numbers of tile 0 are waited for before the query, so
 //   the first gather overlaps the query load.
 //   Split-KV (decode): the CTA of split z covers top-k positions
@@ -205,6 +224,38 @@ __device__ __forceinline__ void st_shared_16(std::uint32_t addr, uint4 v) {
                : "memory");
 }
 
+__device__ __forceinline__ void st_shared_bf16(std::uint32_t addr, float v) {
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(v)))
+               : "memory");
+}
+
+// Barrier `id` (1..15) for `count` threads, e.g. the 128 of one warpgroup.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// d += A (64 x 16) * B (N x 16)^T for the warpgroup, N = 8 (d[1][4]) or 16
+// (d[2][4]); B K-major smem; A K-major smem (kTransA 0) or M-major (kTransA 1).
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[1][4], std::uint64_t desc_a, std::uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA));
+}
+
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[2][4], std::uint64_t desc_a, std::uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA));
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) in a Q / K tile.
 __device__ __forceinline__ std::uint32_t tile_offset(int row, int chunk) {
   return static_cast<std::uint32_t>((chunk >> 3) * kDimBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
@@ -319,12 +370,154 @@ struct Fp8Gather {
   }
 };
 
-// ---------------------------------------------------------------- the kernel
+// ---------------------------------------------------------------- key tiles
+
+// The key side of a CTA, shared by both kernels: the top-k range of its split,
+// the ring of slot numbers, the double-buffered gather of 64-key tiles into
+// smem (cp.async for the bf16 cache, Fp8Gather for the fp8 ones) and the query
+// load of the prologue.
+template <CacheFormat F>
+struct KeyTiles {
+  static constexpr bool kBf16Cache = F == CacheFormat::bf16;
+
+  const std::int32_t* __restrict__ slot_row;
+  const std::uint8_t* __restrict__ cache;
+  std::int64_t num_slots;
+  float k_scale;
+  int key_begin;
+  int key_end;
+  int num_tiles;
+  int tid;
+  std::int32_t* ring;  // [3][64]: slot numbers of tile t in ring[t % 3]
+  std::uint32_t sK;
+  Fp8Gather<F> gather;
+
+  __device__ __forceinline__ KeyTiles(const KernelArgs& args, int token, int split, std::uint8_t* smem,
+                                      std::uint32_t s_base, int thread)
+      : slot_row(args.p.slots + static_cast<std::int64_t>(token) * args.p.topk),
+        cache(args.p.kv_cache),
+        num_slots(args.p.num_slots),
+        k_scale(args.p.k_scale),
+        tid(thread),
+        ring(reinterpret_cast<std::int32_t*>(smem + kSmemSlots)),
+        sK(s_base + kSmemK) {
+    const int count = min(max(args.p.valid_counts[token], 0), args.p.topk);
+    key_begin = split * args.split_keys;
+    key_end = min(key_begin + args.split_keys, count);
+    num_tiles = key_end > key_begin ? (key_end - key_begin + kTileKeys - 1) / kTileKeys : 0;
+  }
+
+  __device__ __forceinline__ std::uint32_t kbuf(int t) const { return sK + (t & 1) * kSmemKBytes; }
+  __device__ __forceinline__ std::int32_t slot(int t, int key) const { return ring[(t % 3) * kTileKeys + key]; }
+  __device__ __forceinline__ bool key_ok(int t, int key) const {
+    const std::int32_t s = slot(t, key);
+    return key_begin + t * kTileKeys + key < key_end && s >= 0 && s < num_slots;
+  }
+
+  // Slot numbers of tile t land in ring[t % 3] two tiles ahead of use.
+  __device__ __forceinline__ void issue_slots(int t) {
+    if (tid < kTileKeys) {
+      const int idx = key_begin + t * kTileKeys + tid;
+      const bool in = idx < key_end;
+      cp_async_4(smem_addr(ring + (t % 3) * kTileKeys + tid), slot_row + (in ? idx : 0), in ? 4 : 0);
+    }
+  }
+
+  // bf16 cache: 64 keys x 72 chunks, 18 cp.async per thread.
+  __device__ __forceinline__ void issue_tile_bf16(int t) {
+#pragma unroll 6
+    for (int i = 0; i < kTileKeys * kRowChunks / kThreads; ++i) {
+      const int c = tid + kThreads * i;
+      const int key = c / kRowChunks;
+      const int ch = c - key * kRowChunks;
+      const bool ok = key_ok(t, key);
+      const std::int64_t s = ok ? slot(t, key) : 0;
+      cp_async_16(kbuf(t) + tile_offset(key, ch), cache + s * (kKeyDim * 2) + ch * 16, ok ? 16 : 0);
+    }
+  }
+
+  // Slots of tile 0 first, so that its gather overlaps the query load: rows
+  // [0, valid_rows) of q_cta into Q rows [0, kRows), zeros beyond. Call only
+  // when num_tiles > 0.
+  template <int kRows>
+  __device__ __forceinline__ void prologue(const __nv_bfloat16* q_cta, int valid_rows, std::uint32_t sQ) {
+    issue_slots(0);
+    cp_async_commit();
+    constexpr int kChunks = kRows * kRowChunks;
+#pragma unroll 6
+    for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+      const int c = tid + kThreads * i;
+      if (kChunks % kThreads == 0 || c < kChunks) {
+        const int row = c / kRowChunks;
+        const int ch = c - row * kRowChunks;
+        const bool in = row < valid_rows;
+        cp_async_16(sQ + tile_offset(row, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // the slots, not yet the query
+    __syncthreads();
+    if constexpr (kBf16Cache) {
+      issue_tile_bf16(0);
+    } else {
+      auto ok = [&](int key) { return key_ok(0, key); };
+      auto slot0 = [&](int key) { return slot(0, key); };
+      gather.template load<0>(cache, k_scale, tid, ok, slot0);
+      gather.template store<0>(sK, tid);
+      gather.template load<1>(cache, k_scale, tid, ok, slot0);
+      gather.template store<1>(sK, tid);
+    }
+    if (num_tiles > 1) issue_slots(1);
+    cp_async_commit();
+  }
+
+  // Top of tile t: waits until tile t and the slots of tile t+1 are in smem and
+  // every thread is done with tile t-1, then starts the bf16 gather of tile t+1
+  // and the slots of tile t+2.
+  __device__ __forceinline__ void begin_tile(int t) {
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    if constexpr (kBf16Cache) {
+      if (t + 1 < num_tiles) issue_tile_bf16(t + 1);
+    }
+    if (t + 2 < num_tiles) issue_slots(t + 2);
+    cp_async_commit();
+  }
+
+  // fp8 caches: global loads of part kPart of tile t+1 (before a product) ...
+  template <int kPart>
+  __device__ __forceinline__ void load_next(int t) {
+    if constexpr (!kBf16Cache) {
+      if (t + 1 < num_tiles) {
+        auto ok = [&](int key) { return key_ok(t + 1, key); };
+        auto slot_next = [&](int key) { return slot(t + 1, key); };
+        gather.template load<kPart>(cache, k_scale, tid, ok, slot_next);
+      }
+    }
+  }
+  // ... and their bf16 stores into the other key buffer (after it).
+  template <int kPart>
+  __device__ __forceinline__ void store_next(int t) {
+    if constexpr (!kBf16Cache) {
+      if (t + 1 < num_tiles) gather.template store<kPart>(kbuf(t + 1), tid);
+    }
+  }
+};
+
+// Aligns the dynamic smem base to kSmemAlign; returns its shared-window address.
+__device__ __forceinline__ std::uint32_t aligned_smem(std::uint8_t* raw, std::uint8_t*& smem) {
+  const std::uint32_t raw_base = smem_addr(raw);
+  const std::uint32_t pad = (kSmemAlign - (raw_base & (kSmemAlign - 1))) & (kSmemAlign - 1);
+  smem = raw + pad;
+  return raw_base + pad;
+}
+
+// ---------------------------------------------------------------- heads as rows (H > 32)
 
 template <CacheFormat F>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArgs args) {
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
-  constexpr bool kBf16Cache = F == CacheFormat::bf16;
   const SparseMlaParams& p = args.p;
 
   const int token = blockIdx.x;
@@ -340,80 +533,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   const int g = lane >> 2;       // fragment row (and row + 8)
   const int tq = lane & 3;       // fragment column pair
 
-  const int count = min(max(p.valid_counts[token], 0), p.topk);
-  const int key_begin = split * args.split_keys;
-  const int key_end = min(key_begin + args.split_keys, count);
-  const int num_tiles = key_end > key_begin ? (key_end - key_begin + kTileKeys - 1) / kTileKeys : 0;
-  const std::int32_t* __restrict__ slot_row = p.slots + static_cast<std::int64_t>(token) * p.topk;
-  const std::uint8_t* __restrict__ cache = p.kv_cache;
-  const std::int64_t num_slots = p.num_slots;
-
-  const std::uint32_t raw_base = smem_addr(smem_raw);
-  const std::uint32_t align_pad = (kSmemAlign - (raw_base & (kSmemAlign - 1))) & (kSmemAlign - 1);
-  std::uint8_t* smem = smem_raw + align_pad;
-  const std::uint32_t s_base = raw_base + align_pad;
+  std::uint8_t* smem;
+  const std::uint32_t s_base = aligned_smem(smem_raw, smem);
   const std::uint32_t sQ = s_base + kSmemQ;
-  const std::uint32_t sK = s_base + kSmemK;
   const std::uint32_t sP = s_base + kSmemP;
-  float* red = reinterpret_cast<float*>(smem + kSmemRed);                   // [key half][64 heads]
-  std::int32_t* ring = reinterpret_cast<std::int32_t*>(smem + kSmemSlots);  // [3][64]
+  float* red = reinterpret_cast<float*>(smem + kSmemRed);  // [key half][64 heads]
 
-  // Slot numbers of tile t land in ring[t % 3] two tiles ahead of use.
-  auto issue_slots = [&](int t) {
-    if (tid < kTileKeys) {
-      const int idx = key_begin + t * kTileKeys + tid;
-      const bool in = idx < key_end;
-      cp_async_4(smem_addr(ring + (t % 3) * kTileKeys + tid), slot_row + (in ? idx : 0), in ? 4 : 0);
-    }
-  };
-  auto key_ok = [&](int t, int key) {
-    const std::int32_t s = ring[(t % 3) * kTileKeys + key];
-    return key_begin + t * kTileKeys + key < key_end && s >= 0 && s < num_slots;
-  };
-
-  // bf16 cache: 64 keys x 72 chunks, 18 cp.async per thread.
-  auto issue_tile_bf16 = [&](int t) {
-    const std::uint32_t kbuf = sK + (t & 1) * kSmemKBytes;
-#pragma unroll 6
-    for (int i = 0; i < kTileKeys * kRowChunks / kThreads; ++i) {
-      const int c = tid + kThreads * i;
-      const int key = c / kRowChunks;
-      const int ch = c - key * kRowChunks;
-      const bool ok = key_ok(t, key);
-      const std::int64_t slot = ok ? ring[(t % 3) * kTileKeys + key] : 0;
-      cp_async_16(kbuf + tile_offset(key, ch), cache + slot * (kKeyDim * 2) + ch * 16, ok ? 16 : 0);
-    }
-  };
-
-  // ---- prologue: slots of tile 0 first, so that its gather overlaps the query load
+  KeyTiles<F> keys(args, token, split, smem, s_base, tid);
+  const int num_tiles = keys.num_tiles;
   if (num_tiles > 0) {
-    issue_slots(0);
-    cp_async_commit();
-    const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(token) * p.num_heads + h0) * kKeyDim;
-#pragma unroll 6
-    for (int i = 0; i < kHeadsPerCta * kRowChunks / kThreads; ++i) {
-      const int c = tid + kThreads * i;
-      const int row = c / kRowChunks;
-      const int ch = c - row * kRowChunks;
-      const bool in = row < heads_here;
-      cp_async_16(sQ + tile_offset(row, ch), q_cta + (in ? row * kKeyDim + ch * 8 : 0), in ? 16 : 0);
-    }
-    cp_async_commit();
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // the slots, not yet the query
-    __syncthreads();
-    if constexpr (kBf16Cache) {
-      issue_tile_bf16(0);
-    } else {
-      Fp8Gather<F> gather;
-      auto ok = [&](int key) { return key_ok(0, key); };
-      auto slot = [&](int key) { return ring[key]; };
-      gather.template load<0>(cache, p.k_scale, tid, ok, slot);
-      gather.template store<0>(sK, tid);
-      gather.template load<1>(cache, p.k_scale, tid, ok, slot);
-      gather.template store<1>(sK, tid);
-    }
-    if (num_tiles > 1) issue_slots(1);
-    cp_async_commit();
+    keys.template prologue<kHeadsPerCta>(p.q + (static_cast<std::int64_t>(token) * p.num_heads + h0) * kKeyDim,
+                                         heads_here, sQ);
   }
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -427,24 +557,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   float l_run[2] = {0.f, 0.f};              // their row sums over this warpgroup's key half
 
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // tile t and the slots of tile t+1 are in smem; tile t-1 is consumed
-    if constexpr (kBf16Cache) {
-      if (t + 1 < num_tiles) issue_tile_bf16(t + 1);
-    }
-    if (t + 2 < num_tiles) issue_slots(t + 2);
-    cp_async_commit();
-
-    const std::uint32_t kbuf = sK + (t & 1) * kSmemKBytes;
-    const std::uint32_t kbuf_next = sK + ((t + 1) & 1) * kSmemKBytes;
-    const bool gather_next = !kBf16Cache && t + 1 < num_tiles;
-    Fp8Gather<F> gather;
-    auto ok_next = [&](int key) { return key_ok(t + 1, key); };
-    auto slot_next = [&](int key) { return ring[((t + 1) % 3) * kTileKeys + key]; };
-    if constexpr (!kBf16Cache) {
-      if (gather_next) gather.template load<0>(cache, p.k_scale, tid, ok_next, slot_next);
-    }
+    keys.begin_tile(t);
+    const std::uint32_t kbuf = keys.kbuf(t);
+    keys.template load_next<0>(t);
 
     // ---- S = Q K^T: 64 heads x this warpgroup's 32 keys
     float s[4][4];
@@ -470,9 +585,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) fence_operand(s[nt][e]);
-    if constexpr (!kBf16Cache) {
-      if (gather_next) gather.template store<0>(kbuf_next, tid);
-    }
+    keys.template store_next<0>(t);
 
     // ---- mask, scale, tile row maxima of this warp's rows
     {
@@ -481,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const bool ok = key_ok(t, 32 * half + 8 * nt + 2 * tq + e);
+          const bool ok = keys.key_ok(t, 32 * half + 8 * nt + 2 * tq + e);
           s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
           s[nt][2 + e] = ok ? s[nt][2 + e] * scale_log2 : -INFINITY;
           mx[0] = fmaxf(mx[0], s[nt][e]);
@@ -534,9 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
         l_run[hi] = l_run[hi] * alpha[hi] + sum;
       }
     }
-    if constexpr (!kBf16Cache) {
-      if (gather_next) gather.template load<1>(cache, p.k_scale, tid, ok_next, slot_next);
-    }
+    keys.template load_next<1>(t);
     fence_proxy_async();  // P is read by wgmma next
     __syncthreads();
 
@@ -558,9 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
     for (int nt = 0; nt < 32; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) fence_operand(o[nt][e]);
-    if constexpr (!kBf16Cache) {
-      if (gather_next) gather.template store<1>(kbuf_next, tid);
-    }
+    keys.template store_next<1>(t);
   }
 
   // ---- epilogue: add the two key halves' row sums, normalise, store
@@ -609,18 +718,274 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const KernelArg
   }
 }
 
-template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
-  const auto kernel = sparse_mla_kernel<F>;
+// ---------------------------------------------------------------- keys as rows (H = 16, 32)
+
+template <CacheFormat F, int kHeads>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_key_rows_kernel(const KernelArgs args) {
+  static_assert(kHeads == 16 || kHeads == 32, "wgmma N of a warpgroup: 8 or 16 heads");
+  constexpr int kWgHeads = kHeads / 2;  // heads of one warpgroup = the N of its wgmmas
+  constexpr int kFrags = kWgHeads / 8;  // 8-column accumulator fragments per 64-row block
+  extern __shared__ __align__(16) std::uint8_t smem_raw[];
+  const SparseMlaParams& p = args.p;
+
+  const int token = blockIdx.x;
+  const int split = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wq = warp & 3;     // rows [16*wq, +16) of every 64-row block: keys of S^T, dims of O^T
+  const int half = warp >> 2;  // warpgroup: heads [kWgHeads*half, +kWgHeads)
+  const int g = lane >> 2;     // fragment row (and row + 8)
+  const int tq = lane & 3;     // fragment columns (heads) 8*j + 2*tq (+1)
+  const int wg_head0 = kWgHeads * half;
+
+  std::uint8_t* smem;
+  const std::uint32_t s_base = aligned_smem(smem_raw, smem);
+  const std::uint32_t sQ = s_base + kSmemQ;
+  const std::uint32_t sP = s_base + kSmemP;
+  // [warpgroup][warp of it][kWgHeads]: column maxima, then column sums (fits kSmemRed's 512 B).
+  float* red = reinterpret_cast<float*>(smem + kSmemRed) + (4 * half) * kWgHeads;
+  static_assert(2 * 4 * kWgHeads * 4 <= 2 * kHeadsPerCta * 4);
+
+  KeyTiles<F> keys(args, token, split, smem, s_base, tid);
+  const int num_tiles = keys.num_tiles;
+  if (num_tiles > 0) {
+    keys.template prologue<kHeads>(p.q + static_cast<std::int64_t>(token) * kHeads * kKeyDim, kHeads, sQ);
+  }
+
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  // O^T[dims 64*mb + 16*wq + g (+8)][heads wg_head0 + 8*j + 2*tq (+1)] as wgmma accumulators.
+  float o[8][kFrags][4];
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mb][j][e] = 0.f;
+  // Per head column 8*j + 2*tq + e: running max (log2 domain, the same in every
+  // thread of the warpgroup) and this thread's share of the sum (its keys).
+  float m_run[kFrags][2], l_run[kFrags][2];
+#pragma unroll
+  for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      m_run[j][e] = -INFINITY;
+      l_run[j][e] = 0.f;
+    }
+  const int bar_id = 1 + half;  // named barrier of this warpgroup (0 is __syncthreads)
+
+  for (int t = 0; t < num_tiles; ++t) {
+    keys.begin_tile(t);
+    const std::uint32_t kbuf = keys.kbuf(t);
+    keys.template load_next<0>(t);
+
+    // ---- S^T = K Q^T: 64 keys x this warpgroup's heads, A = K tile, B = Q rows (both K-major)
+    float s[kFrags][4];
+#pragma unroll
+    for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = 0.f;
+        fence_operand(s[j][e]);
+      }
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    {
+      const std::uint32_t q_base = sQ + wg_head0 * 128;  // a multiple of 8 rows: swizzle phase kept
+#pragma unroll
+      for (int ks = 0; ks < kKeyDim / 16; ++ks) {
+        const std::uint32_t off = (ks >> 2) * kDimBlockBytes + (ks & 3) * 32;
+        wgmma_m64nNk16<0>(s, sw128_desc(kbuf + off), sw128_desc(q_base + off));
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fence_operand(s[j][e]);
+    keys.template store_next<0>(t);
+
+    // ---- mask, scale, column (head) maxima over this warp's 16 keys
+    const int key0 = 16 * wq + g;  // rows key0 (s[j][0..1]) and key0 + 8 (s[j][2..3])
+    const bool ok0 = keys.key_ok(t, key0);
+    const bool ok1 = keys.key_ok(t, key0 + 8);
+    float mx[kFrags][2];
+#pragma unroll
+    for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[j][e] = ok0 ? s[j][e] * scale_log2 : -INFINITY;
+        s[j][2 + e] = ok1 ? s[j][2 + e] * scale_log2 : -INFINITY;
+        float m = fmaxf(s[j][e], s[j][2 + e]);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        mx[j][e] = m;
+      }
+    if (g == 0) {
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) red[wq * kWgHeads + 8 * j + 2 * tq + e] = mx[j][e];
+    }
+    named_barrier_sync(bar_id, 128);
+
+    // ---- online softmax per head column; P^T -> P[head][key] (the B operand of O^T)
+    {
+      float m_sub[kFrags][2], alpha[kFrags][2];
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * j + 2 * tq + e;
+          const float tile_max = fmaxf(fmaxf(red[c], red[kWgHeads + c]), fmaxf(red[2 * kWgHeads + c], red[3 * kWgHeads + c]));
+          const float m_new = fmaxf(m_run[j][e], tile_max);
+          // A head with no valid key so far keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
+          m_sub[j][e] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[j][e] = fast_exp2(m_run[j][e] - m_sub[j][e]);
+          m_run[j][e] = m_new;
+        }
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int j = 0; j < kFrags; ++j) {
+          o[mb][j][0] *= alpha[j][0];
+          o[mb][j][1] *= alpha[j][1];
+          o[mb][j][2] *= alpha[j][0];
+          o[mb][j][3] *= alpha[j][1];
+        }
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p0 = fast_exp2(s[j][e] - m_sub[j][e]);
+          const float p1 = fast_exp2(s[j][2 + e] - m_sub[j][e]);
+          l_run[j][e] = l_run[j][e] * alpha[j][e] + (p0 + p1);
+          const int row = wg_head0 + 8 * j + 2 * tq + e;
+          // Keys key0 and key0 + 8 lie in neighbouring 16-byte chunks (2*wq, 2*wq + 1)
+          // of the swizzled row; lanes g fill a chunk, lanes tq four rows: no bank conflict.
+          st_shared_bf16(sP + p_offset(row, 2 * wq) + 2 * g, p0);
+          st_shared_bf16(sP + p_offset(row, 2 * wq + 1) + 2 * g, p1);
+        }
+    }
+    keys.template load_next<1>(t);
+    fence_proxy_async();  // P is read by wgmma next
+    named_barrier_sync(bar_id, 128);
+
+    // ---- O^T += V^T P^T: 512 dims x this warpgroup's heads, A = V^T (the key
+    //      tile read M-major), B = P rows of these heads (K-major)
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(o[mb][j][e]);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    {
+      const std::uint32_t p_base = sP + wg_head0 * 128;
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int ks = 0; ks < kTileKeys / 16; ++ks)
+          wgmma_m64nNk16<1>(o[mb], sw128_mn_desc(kbuf + mb * kDimBlockBytes + ks * 16 * 128),
+                            sw128_desc(p_base + ks * 32));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(o[mb][j][e]);
+    keys.template store_next<1>(t);
+  }
+
+  // ---- epilogue: column sums over the warpgroup's 64 key rows, normalise, store.
+  // red was last read before the final P barrier, which every thread of the
+  // warpgroup has passed.
+  float inv[kFrags][2], lse[kFrags][2];
+#pragma unroll
+  for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[j][e];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      if (g == 0) red[wq * kWgHeads + 8 * j + 2 * tq + e] = l;
+    }
+  named_barrier_sync(bar_id, 128);
+#pragma unroll
+  for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * j + 2 * tq + e;
+      const float l = (red[c] + red[kWgHeads + c]) + (red[2 * kWgHeads + c] + red[3 * kWgHeads + c]);
+      inv[j][e] = l > 0.f ? 1.f / l : 0.f;
+      lse[j][e] = l > 0.f ? (m_run[j][e] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+    }
+
+  const bool split_mode = args.num_splits > 1;
+  const std::int64_t out_row0 =
+      split_mode ? (static_cast<std::int64_t>(split) * p.num_tokens + token) * kHeads
+                 : static_cast<std::int64_t>(token) * kHeads;
+  // Each store instruction writes 8 consecutive dims (lanes g) of 4 heads (lanes tq).
+#pragma unroll
+  for (int j = 0; j < kFrags; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int head = wg_head0 + 8 * j + 2 * tq + e;
+      const std::int64_t row = out_row0 + head;
+      const int dim0 = 16 * wq + g;
+      if (split_mode) {
+        float* dst = args.part_o + row * kValueDim + dim0;
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          dst[64 * mb] = o[mb][j][e] * inv[j][e];
+          dst[64 * mb + 8] = o[mb][j][2 + e] * inv[j][e];
+        }
+        if (wq == 0 && g == 0) args.part_lse[row] = lse[j][e];
+      } else {
+        __nv_bfloat16* dst = p.o_lat + row * kValueDim + dim0;
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          dst[64 * mb] = __float2bfloat16_rn(o[mb][j][e] * inv[j][e]);
+          dst[64 * mb + 8] = __float2bfloat16_rn(o[mb][j][2 + e] * inv[j][e]);
+        }
+        if (wq == 0 && g == 0 && p.lse != nullptr) {
+          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[token] : token;
+          p.lse[lse_row * kHeads + head] = lse[j][e];
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------- launch
+
+template <class Kernel>
+void launch_with_smem(Kernel kernel, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) {
     throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
                 " bytes of shared memory per block (needs sm_90): " + cudaGetErrorString(err));
   }
-  const dim3 grid(static_cast<unsigned>(args.p.num_tokens),
-                  static_cast<unsigned>((args.p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta),
-                  static_cast<unsigned>(args.num_splits));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+}
+
+template <CacheFormat F>
+void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
+  const int heads = args.p.num_heads;
+  const dim3 grid(static_cast<unsigned>(args.p.num_tokens),
+                  static_cast<unsigned>((heads + kHeadsPerCta - 1) / kHeadsPerCta),
+                  static_cast<unsigned>(args.num_splits));
+  if (heads == 16) {
+    launch_with_smem(sparse_mla_key_rows_kernel<F, 16>, grid, args, stream);
+  } else if (heads == 32) {
+    launch_with_smem(sparse_mla_key_rows_kernel<F, 32>, grid, args, stream);
+  } else {
+    launch_with_smem(sparse_mla_kernel<F>, grid, args, stream);
+  }
 }
 
 // Each format is compiled in its own translation unit (sparse_mla_<format>.cu).
