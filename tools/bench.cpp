@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -84,6 +85,7 @@ Options parse_options(const Args& args) {
 #if defined(DSMLA_WITH_CUDA)
 // Everything below needs the CUDA helpers of src/cuda/bench.
 namespace dev = dsmla::cuda::bench;
+using cuda::DeviceBuffer;
 
 // ---------------------------------------------------------------- work and its counts
 // A uniform batch: `requests` requests of seq_len positions, the last
@@ -559,49 +561,13 @@ void write_file(const std::string& path, const std::string& text) {
 // ---------------------------------------------------------------- host batch metadata
 // Metadata of a uniform batch with a shuffled block table (every request's
 // blocks scattered over the cache, as a paged allocator leaves them).
-struct HostBatch {
-  Work work;
-  int max_blocks = 0;
-  std::int64_t num_blocks = 0;
-  std::vector<std::int32_t> block_table, seq_lens, query_start_loc;
-  std::vector<std::int64_t> slot_mapping;
-
-  BatchDesc desc() const {
-    BatchDesc d;
-    d.query_start_loc = query_start_loc;
-    d.seq_lens = seq_lens;
-    d.block_table = block_table;
-    d.max_blocks_per_request = max_blocks;
-    d.slot_mapping = slot_mapping;
-    d.num_tokens = static_cast<int>(work.tokens());
-    d.num_cache_blocks = num_blocks;
-    d.block_size = kBlockSize;
-    return d;
-  }
-  std::int64_t num_slots() const { return num_blocks * kBlockSize; }
-};
-
-HostBatch make_host_batch(const Work& w, std::uint64_t seed) {
-  HostBatch b;
-  b.work = w;
-  b.max_blocks = (w.seq_len + kBlockSize - 1) / kBlockSize;
-  b.num_blocks = std::int64_t{w.requests} * b.max_blocks;
-  b.block_table.resize(static_cast<std::size_t>(b.num_blocks));
-  for (std::size_t i = 0; i < b.block_table.size(); ++i) b.block_table[i] = static_cast<std::int32_t>(i);
+BatchStorage make_host_batch(const Work& w, std::uint64_t seed) {
+  const std::vector<std::int32_t> seq_lens(static_cast<std::size_t>(w.requests), w.seq_len);
+  const std::vector<std::int32_t> query_lens(static_cast<std::size_t>(w.requests), w.query_len);
   std::mt19937_64 rng(seed);
-  std::shuffle(b.block_table.begin(), b.block_table.end(), rng);
-  b.seq_lens.assign(static_cast<std::size_t>(w.requests), w.seq_len);
-  b.query_start_loc.resize(static_cast<std::size_t>(w.requests) + 1);
-  for (int r = 0; r <= w.requests; ++r) b.query_start_loc[r] = r * w.query_len;
-  b.slot_mapping.resize(static_cast<std::size_t>(w.tokens()));
-  for (int r = 0; r < w.requests; ++r) {
-    for (int i = 0; i < w.query_len; ++i) {
-      const int pos = w.seq_len - w.query_len + i;
-      const std::int64_t block = b.block_table[static_cast<std::size_t>(r) * b.max_blocks + pos / kBlockSize];
-      b.slot_mapping[static_cast<std::size_t>(r) * w.query_len + i] = block * kBlockSize + pos % kBlockSize;
-    }
-  }
-  return b;
+  BatchLayout layout;
+  layout.shuffle_rng = &rng;
+  return make_batch(seq_lens, query_lens, kBlockSize, layout);
 }
 
 // Dense requests of a uniform batch, as the planner lays them out.
@@ -632,9 +598,12 @@ std::vector<DenseRequest> dense_requests_of(const Work& w) {
 // One copy of every device input of one Work. Route rows read q .. topk;
 // kernel rows read q_absorbed / kv_up / latent; all share the copy's cache.
 struct InputCopy {
-  dev::DeviceBuffer q, kv_c, k_pe, w_kv_b, cache, topk;
-  dev::DeviceBuffer q_absorbed, kv_up, latent;  // kernels alone
-  dev::DeviceBuffer out, lse, o_lat;
+  DeviceBuffer<std::uint16_t> q, kv_c, k_pe, w_kv_b;
+  DeviceBuffer<std::uint8_t> cache;
+  DeviceBuffer<std::int32_t> topk;
+  DeviceBuffer<std::uint16_t> q_absorbed, kv_up, latent;  // kernels alone
+  DeviceBuffer<std::uint16_t> out, o_lat;
+  DeviceBuffer<float> lse;
 };
 
 class Runner {
@@ -719,6 +688,8 @@ class Runner {
     }
   }
 
+  std::int64_t num_slots() const { return batch_.num_cache_blocks * batch_.block_size; }
+
   void prepare(const Work& w, int copies) {
     work_ = w;
     dense_ok_ = false;
@@ -728,13 +699,9 @@ class Runner {
     const std::size_t kv = static_cast<std::size_t>(w.kv_rows());
     const std::size_t topk = static_cast<std::size_t>(w.topk);
 
-    block_table_ = dev::DeviceBuffer(batch_.block_table.size() * 4);
     block_table_.upload(batch_.block_table);
-    seq_lens_ = dev::DeviceBuffer(batch_.seq_lens.size() * 4);
     seq_lens_.upload(batch_.seq_lens);
-    query_start_loc_ = dev::DeviceBuffer(batch_.query_start_loc.size() * 4);
     query_start_loc_.upload(batch_.query_start_loc);
-    slot_mapping_ = dev::DeviceBuffer(batch_.slot_mapping.size() * 8);
     slot_mapping_.upload(batch_.slot_mapping);
 
     // Slots of the sparse kernel alone: the same for every copy (same block table).
@@ -744,15 +711,14 @@ class Runner {
     spec.seq_len = w.seq_len;
     spec.topk = w.topk;
     spec.block_size = kBlockSize;
-    spec.max_blocks_per_request = batch_.max_blocks;
+    spec.max_blocks_per_request = batch_.max_blocks_per_request;
     spec.seed = 0x70C0;
-    slots_ = dev::DeviceBuffer(t * topk * 4);
-    valid_counts_ = dev::DeviceBuffer(t * 4);
-    lse_rows_ = dev::DeviceBuffer(t * 4);
-    dev::fill_causal_topk(spec, nullptr, block_table_.as<const std::int32_t>(), slots_.as<std::int32_t>(),
-                          valid_counts_.as<std::int32_t>(), s);
-    dev::fill_iota(lse_rows_.as<std::int32_t>(), static_cast<int>(t), s);
-    if (!w.decode) dense_out_ = dev::DeviceBuffer(t * h * kVHeadDim * 2);
+    slots_ = DeviceBuffer<std::int32_t>(t * topk);
+    valid_counts_ = DeviceBuffer<std::int32_t>(t);
+    lse_rows_ = DeviceBuffer<std::int32_t>(t);
+    dev::fill_causal_topk(spec, nullptr, block_table_.data(), slots_.data(), valid_counts_.data(), s);
+    dev::fill_iota(lse_rows_.data(), static_cast<int>(t), s);
+    if (!w.decode) dense_out_ = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
 
     const float weight_scale = 1.0f / std::sqrt(static_cast<float>(kLatentDim));
     copies_.clear();
@@ -760,28 +726,28 @@ class Runner {
     for (int c = 0; c < copies; ++c) {
       InputCopy& in = copies_[c];
       const std::uint64_t seed = 1000003ull * (c + 1) + static_cast<std::uint64_t>(w.seq_len) * 7919 + h;
-      auto bf16 = [&](dev::DeviceBuffer& buf, std::size_t count, float scale, std::uint64_t salt) {
-        buf = dev::DeviceBuffer(count * 2);
-        dev::fill_random_bf16(buf.as<std::uint16_t>(), count, scale, seed ^ (salt << 40), s);
+      auto bf16 = [&](DeviceBuffer<std::uint16_t>& buf, std::size_t count, float scale, std::uint64_t salt) {
+        buf = DeviceBuffer<std::uint16_t>(count);
+        dev::fill_random_bf16(buf.data(), count, scale, seed ^ (salt << 40), s);
       };
       bf16(in.q, t * h * kQkHeadDim, 1.0f, 1);
       bf16(in.kv_c, t * kLatentDim, 1.0f, 2);
       bf16(in.k_pe, t * kRopeDim, 1.0f, 3);
       bf16(in.w_kv_b, h * kKvBRowsPerHead * kLatentDim, weight_scale, 4);
-      in.cache = dev::DeviceBuffer(static_cast<std::size_t>(batch_.num_slots()) * bytes_per_token(w.cache));
-      dev::fill_random_cache(in.cache.as<std::uint8_t>(), batch_.num_slots(), w.cache, seed ^ (5ull << 40), s);
-      in.topk = dev::DeviceBuffer(t * topk * 4);
+      in.cache = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_slots()) * bytes_per_token(w.cache));
+      dev::fill_random_cache(in.cache.data(), num_slots(), w.cache, seed ^ (5ull << 40), s);
+      in.topk = DeviceBuffer<std::int32_t>(t * topk);
       dev::CausalTopkSpec copy_spec = spec;
       copy_spec.seed = seed ^ (6ull << 40);
-      dev::fill_causal_topk(copy_spec, in.topk.as<std::int32_t>(), nullptr, nullptr, nullptr, s);
+      dev::fill_causal_topk(copy_spec, in.topk.data(), nullptr, nullptr, nullptr, s);
       bf16(in.q_absorbed, t * h * kLatentKeyDim, 1.0f, 7);
       if (!w.decode) {
         bf16(in.kv_up, kv * h * kKvBRowsPerHead, 1.0f, 8);
         bf16(in.latent, kv * kLatentKeyDim, 1.0f, 9);
       }
-      in.out = dev::DeviceBuffer(t * h * kVHeadDim * 2);
-      in.lse = dev::DeviceBuffer(t * h * 4);
-      in.o_lat = dev::DeviceBuffer(t * h * kLatentDim * 2);
+      in.out = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
+      in.lse = DeviceBuffer<float>(t * h);
+      in.o_lat = DeviceBuffer<std::uint16_t>(t * h * kLatentDim);
     }
     dev::synchronize_and_check(s, "input generation");
   }
@@ -800,18 +766,18 @@ class Runner {
 
   ForwardInputs forward_inputs(InputCopy& in, bool with_topk) const {
     ForwardInputs f;
-    f.q = in.q.as<const std::uint16_t>();
-    f.kv_c = in.kv_c.as<const std::uint16_t>();
-    f.k_pe = in.k_pe.as<const std::uint16_t>();
-    f.w_kv_b = in.w_kv_b.as<const std::uint16_t>();
-    f.kv_cache = in.cache.as<std::uint8_t>();
-    f.block_table = block_table_.as<const std::int32_t>();
-    f.seq_lens = seq_lens_.as<const std::int32_t>();
-    f.query_start_loc = query_start_loc_.as<const std::int32_t>();
-    f.slot_mapping = slot_mapping_.as<const std::int64_t>();
-    f.topk_indices = with_topk ? in.topk.as<const std::int32_t>() : nullptr;
-    f.out = in.out.as<std::uint16_t>();
-    f.lse = in.lse.as<float>();
+    f.q = in.q.data();
+    f.kv_c = in.kv_c.data();
+    f.k_pe = in.k_pe.data();
+    f.w_kv_b = in.w_kv_b.data();
+    f.kv_cache = in.cache.data();
+    f.block_table = block_table_.data();
+    f.seq_lens = seq_lens_.data();
+    f.query_start_loc = query_start_loc_.data();
+    f.slot_mapping = slot_mapping_.data();
+    f.topk_indices = with_topk ? in.topk.data() : nullptr;
+    f.out = in.out.data();
+    f.lse = in.lse.data();
     f.softmax_scale = static_cast<float>(default_softmax_scale());
     f.k_scale = 1;
     f.q_scale = 1;
@@ -865,7 +831,7 @@ class Runner {
       throw Error("the planner routed " + std::to_string(plan.num_sparse_tokens()) + " of " + std::to_string(t) +
                   " tokens to the sparse kernel");
     }
-    dev::DeviceBuffer workspace(attention.workspace_bytes());
+    DeviceBuffer<std::byte> workspace(attention.workspace_bytes());
     void* s = stream_.handle();
     const int n = r.input_copies;
     r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats, [&](int i) {
@@ -877,8 +843,8 @@ class Runner {
     dev::synchronize_and_check(s, r.name());
     const std::size_t count = static_cast<std::size_t>(t) * w.heads * kVHeadDim;
     const std::uint16_t* reference = nullptr;
-    if (!dense && !w.decode && dense_ok_ && w.seq_len <= w.topk) reference = dense_out_.as<const std::uint16_t>();
-    const dev::OutputCheck check = dev::check_bf16_output(in0.out.as<const std::uint16_t>(), reference, count, s);
+    if (!dense && !w.decode && dense_ok_ && w.seq_len <= w.topk) reference = dense_out_.data();
+    const dev::OutputCheck check = dev::check_bf16_output(in0.out.data(), reference, count, s);
     record_check(r, check);
     if (reference != nullptr) r.max_abs_diff_vs_dense = check.max_abs_diff;
     if (dense && !w.decode) {
@@ -896,21 +862,21 @@ class Runner {
     const dev::DenseSchedule schedule = dev::upload_dense_schedule(dense_requests_of(w));
     auto args = [&](InputCopy& in) {
       dev::DenseKernelArgs a;
-      a.q = in.q.as<const std::uint16_t>();
-      a.kv_up = in.kv_up.as<const std::uint16_t>();
-      a.latent = in.latent.as<const std::uint16_t>();
+      a.q = in.q.data();
+      a.kv_up = in.kv_up.data();
+      a.latent = in.latent.data();
       a.schedule = &schedule;
       a.num_heads = w.heads;
       a.softmax_scale = static_cast<float>(default_softmax_scale());
-      a.out = in.out.as<std::uint16_t>();
-      a.lse = in.lse.as<float>();
+      a.out = in.out.data();
+      a.lse = in.lse.data();
       return a;
     };
     r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats,
                                          [&](int i) { dev::launch_dense_kernel(args(copies_[i % n]), s); });
     dev::synchronize_and_check(s, r.name());
     const dev::OutputCheck check = dev::check_bf16_output(
-        copies_[0].out.as<const std::uint16_t>(), nullptr,
+        copies_[0].out.data(), nullptr,
         static_cast<std::size_t>(w.tokens()) * w.heads * kVHeadDim, s);
     record_check(r, check);
   }
@@ -921,22 +887,22 @@ class Runner {
     const int n = r.input_copies;
     auto args = [&](InputCopy& in) {
       dev::SparseKernelArgs a;
-      a.q = in.q_absorbed.as<const std::uint16_t>();
-      a.kv_cache = in.cache.as<const std::uint8_t>();
-      a.num_slots = batch_.num_slots();
+      a.q = in.q_absorbed.data();
+      a.kv_cache = in.cache.data();
+      a.num_slots = num_slots();
       a.format = w.cache;
-      a.slots = slots_.as<const std::int32_t>();
-      a.valid_counts = valid_counts_.as<const std::int32_t>();
+      a.slots = slots_.data();
+      a.valid_counts = valid_counts_.data();
       a.num_tokens = static_cast<int>(w.tokens());
       a.num_heads = w.heads;
       a.topk = w.topk;
       a.softmax_scale = static_cast<float>(default_softmax_scale());
-      a.o_lat = in.o_lat.as<std::uint16_t>();
-      a.lse = in.lse.as<float>();
-      a.lse_rows = lse_rows_.as<const std::int32_t>();
+      a.o_lat = in.o_lat.data();
+      a.lse = in.lse.data();
+      a.lse_rows = lse_rows_.data();
       return a;
     };
-    const dev::DeviceBuffer workspace(
+    DeviceBuffer<std::byte> workspace(
         dev::sparse_kernel_workspace_bytes(static_cast<int>(w.tokens()), w.heads, w.topk));
     r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats, [&](int i) {
       dev::SparseKernelArgs a = args(copies_[i % n]);
@@ -945,7 +911,7 @@ class Runner {
     });
     dev::synchronize_and_check(s, r.name());
     const dev::OutputCheck check = dev::check_bf16_output(
-        copies_[0].o_lat.as<const std::uint16_t>(), nullptr,
+        copies_[0].o_lat.data(), nullptr,
         static_cast<std::size_t>(w.tokens()) * w.heads * kLatentDim, s);
     record_check(r, check);
   }
@@ -955,11 +921,12 @@ class Runner {
   dev::Stream stream_;
   std::string device_error_;
   Work work_;
-  HostBatch batch_;
+  BatchStorage batch_;
   std::vector<InputCopy> copies_;
-  dev::DeviceBuffer block_table_, seq_lens_, query_start_loc_, slot_mapping_;
-  dev::DeviceBuffer slots_, valid_counts_, lse_rows_;
-  dev::DeviceBuffer dense_out_;  // dense route output of copy 0, compared with the sparse route's
+  DeviceBuffer<std::int32_t> block_table_, seq_lens_, query_start_loc_;
+  DeviceBuffer<std::int64_t> slot_mapping_;
+  DeviceBuffer<std::int32_t> slots_, valid_counts_, lse_rows_;
+  DeviceBuffer<std::uint16_t> dense_out_;  // dense route output of copy 0, compared with the sparse route's
   bool dense_ok_ = false;
 };
 

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
 
 #include "cli.hpp"
-#include "device_memory.hpp"
+#ifdef DSMLA_WITH_CUDA
+#include "cuda/common/device_buffer.hpp"
+#endif
 
 namespace dsmla::tools {
 
@@ -34,13 +37,6 @@ RunOutputs poisoned_outputs(const Case& c) {
   o.out.assign(T * H * kVHeadDim, kBf16NaN);
   o.lse.assign(T * H, std::numeric_limits<float>::quiet_NaN());
   return o;
-}
-
-template <class T>
-DeviceBuffer to_device(const std::vector<T>& host) {
-  DeviceBuffer d(host.size() * sizeof(T));
-  d.upload(host.data());
-  return d;
 }
 
 }  // namespace
@@ -99,28 +95,41 @@ RunOutputs CaseRunner::run_cpu(int warmup_runs, int timed_runs) {
 }
 
 RunOutputs CaseRunner::run_cuda(int warmup_runs, int timed_runs) {
+#ifdef DSMLA_WITH_CUDA
+  using cuda::DeviceBuffer;
   RunOutputs o = poisoned_outputs(case_);
   const Case& c = case_;
-  DeviceBuffer q = to_device(c.q), kv_c = to_device(c.kv_c), k_pe = to_device(c.k_pe), w = to_device(c.w_kv_b);
-  DeviceBuffer block_table = to_device(c.block_table), seq_lens = to_device(c.seq_lens),
-               qsl = to_device(c.query_start_loc), slots = to_device(c.slot_mapping),
-               topk = to_device(c.topk_indices);
-  DeviceBuffer cache(c.kv_cache.size()), out = to_device(o.out), lse = to_device(o.lse);
-  DeviceBuffer workspace(attention_.workspace_bytes());
+  DeviceBuffer<std::uint16_t> q, kv_c, k_pe, w, out;
+  DeviceBuffer<std::int32_t> block_table, seq_lens, qsl, topk;
+  DeviceBuffer<std::int64_t> slots;
+  DeviceBuffer<float> lse;
+  q.upload(c.q);
+  kv_c.upload(c.kv_c);
+  k_pe.upload(c.k_pe);
+  w.upload(c.w_kv_b);
+  block_table.upload(c.block_table);
+  seq_lens.upload(c.seq_lens);
+  qsl.upload(c.query_start_loc);
+  slots.upload(c.slot_mapping);
+  topk.upload(c.topk_indices);
+  out.upload(o.out);  // poisoned
+  lse.upload(o.lse);
+  DeviceBuffer<std::uint8_t> cache(c.kv_cache.size());
+  DeviceBuffer<std::byte> workspace(attention_.workspace_bytes());
 
   ForwardInputs in;
-  in.q = static_cast<const std::uint16_t*>(q.get());
-  in.kv_c = static_cast<const std::uint16_t*>(kv_c.get());
-  in.k_pe = static_cast<const std::uint16_t*>(k_pe.get());
-  in.w_kv_b = static_cast<const std::uint16_t*>(w.get());
-  in.kv_cache = static_cast<std::uint8_t*>(cache.get());
-  in.block_table = static_cast<const std::int32_t*>(block_table.get());
-  in.seq_lens = static_cast<const std::int32_t*>(seq_lens.get());
-  in.query_start_loc = static_cast<const std::int32_t*>(qsl.get());
-  in.slot_mapping = static_cast<const std::int64_t*>(slots.get());
-  in.topk_indices = c.topk_indices.empty() ? nullptr : static_cast<const std::int32_t*>(topk.get());
-  in.out = static_cast<std::uint16_t*>(out.get());
-  in.lse = static_cast<float*>(lse.get());
+  in.q = q.data();
+  in.kv_c = kv_c.data();
+  in.k_pe = k_pe.data();
+  in.w_kv_b = w.data();
+  in.kv_cache = cache.data();
+  in.block_table = block_table.data();
+  in.seq_lens = seq_lens.data();
+  in.query_start_loc = qsl.data();
+  in.slot_mapping = slots.data();
+  in.topk_indices = c.topk_indices.empty() ? nullptr : topk.data();
+  in.out = out.data();
+  in.lse = lse.data();
   in.softmax_scale = c.softmax_scale;
   in.k_scale = c.k_scale;
   in.q_scale = c.q_scale;
@@ -128,24 +137,28 @@ RunOutputs CaseRunner::run_cuda(int warmup_runs, int timed_runs) {
 
   std::vector<double> times;
   for (int i = 0; i < warmup_runs + std::max(timed_runs, 1); ++i) {
-    cache.upload(c.kv_cache.data());
+    cache.upload(c.kv_cache);
     // The first run goes through the checked entry point; the indices do not
     // change, so repeated (timed) runs skip the host-side check.
     const double ms = time_ms([&] {
       if (i == 0)
-        attention_.run_checked(in, host_topk, workspace.get(), nullptr);
+        attention_.run_checked(in, host_topk, workspace.data(), nullptr);
       else
-        attention_.run(in, workspace.get(), nullptr);
-      device_synchronize();
+        attention_.run(in, workspace.data(), nullptr);
+      DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
     });
     if (i >= warmup_runs) times.push_back(ms);
   }
   o.median_ms = median(times);
-  out.download(o.out.data());
-  lse.download(o.lse.data());
-  o.kv_cache.resize(c.kv_cache.size());
-  cache.download(o.kv_cache.data());
+  o.out = out.download();
+  o.lse = lse.download();
+  o.kv_cache = cache.download();
   return o;
+#else
+  (void)warmup_runs;
+  (void)timed_runs;
+  throw Error("this build of dsmla has no CUDA backend (configure with DSMLA_ENABLE_CUDA=ON)");
+#endif
 }
 
 }  // namespace dsmla::tools

@@ -1,6 +1,8 @@
 // `dsmla plan`: how the planner routes a batch, as JSON.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -62,39 +64,15 @@ int plan_main(int argc, char** argv) {
   options.dense_cost_factor = args.get_positive_double("--dense-cost-factor", options.dense_cost_factor);
   const int block_size = static_cast<int>(args.get_int("--block-size", 64, 1, 1 << 20));
 
-  // Trivial cache layout: request r owns the next ceil(seq_len / B) blocks; each
-  // new token is written to the slot of its position. A request whose
-  // query_len exceeds its seq_len is left for the planner to reject.
-  const std::size_t R = seq_lens.size();
-  std::vector<std::int32_t> query_start_loc{0};
-  int max_blocks = 1;
-  for (std::size_t r = 0; r < R; ++r) {
-    if (static_cast<std::int64_t>(query_start_loc.back()) + query_lens[r] > kMaxLen)
-      throw UsageError("--query-lens: more than " + std::to_string(kMaxLen) + " tokens in total");
-    query_start_loc.push_back(query_start_loc.back() + query_lens[r]);
-    max_blocks = std::max(max_blocks, (seq_lens[r] + block_size - 1) / block_size);
-  }
-  std::vector<std::int32_t> block_table(R * static_cast<std::size_t>(max_blocks), 0);
-  std::vector<std::int64_t> slot_mapping;
-  std::int32_t next_block = 0;
-  for (std::size_t r = 0; r < R; ++r) {
-    const int blocks = (seq_lens[r] + block_size - 1) / block_size;
-    const std::int32_t first = next_block;
-    for (int j = 0; j < blocks; ++j) block_table[r * static_cast<std::size_t>(max_blocks) + j] = next_block++;
-    const std::int64_t ctx = static_cast<std::int64_t>(seq_lens[r]) - query_lens[r];
-    for (int i = 0; i < query_lens[r]; ++i)
-      slot_mapping.push_back(ctx + i >= 0 ? static_cast<std::int64_t>(first) * block_size + ctx + i : -1);
-  }
+  if (std::accumulate(query_lens.begin(), query_lens.end(), std::int64_t{0}) > kMaxLen)
+    throw UsageError("--query-lens: more than " + std::to_string(kMaxLen) + " tokens in total");
 
-  BatchDesc batch;
-  batch.query_start_loc = query_start_loc;
-  batch.seq_lens = seq_lens;
-  batch.block_table = block_table;
-  batch.max_blocks_per_request = max_blocks;
-  batch.slot_mapping = slot_mapping;
-  batch.num_tokens = query_start_loc.back();
-  batch.num_cache_blocks = std::max<std::int64_t>(next_block, 1);
-  batch.block_size = block_size;
+  // Trivial cache layout: request r owns the next ceil(seq_len / B) blocks; each
+  // new token is written to the slot of its position. An all-empty batch still
+  // gets a one-block cache.
+  BatchStorage storage = make_batch(seq_lens, query_lens, block_size);
+  storage.num_cache_blocks = std::max<std::int64_t>(storage.num_cache_blocks, 1);
+  const BatchDesc batch = storage.desc();
   const Plan plan = make_plan(batch, options);
   std::printf("%s\n", plan.to_json().c_str());
   return 0;

@@ -34,18 +34,7 @@ void check_size(const char* name, std::size_t have, std::int64_t want, const std
 
 // ---------------------------------------------------------------- Case
 
-BatchDesc Case::batch() const {
-  BatchDesc b;
-  b.query_start_loc = query_start_loc;
-  b.seq_lens = seq_lens;
-  b.block_table = block_table;
-  b.max_blocks_per_request = max_blocks_per_request;
-  b.slot_mapping = slot_mapping;
-  b.num_tokens = num_tokens;
-  b.num_cache_blocks = num_cache_blocks;
-  b.block_size = block_size;
-  return b;
-}
+BatchDesc Case::batch() const { return describe_batch(*this); }
 
 PlanOptions Case::plan_options() const {
   PlanOptions o;
@@ -177,69 +166,47 @@ void fill_topk_row(CaseRng& rng, TopkFill fill, std::int32_t pos, std::int32_t t
 }  // namespace
 
 Case make_synthetic_case(const SyntheticSpec& spec) {
-  const std::size_t R = spec.seq_lens.size();
-  if (spec.query_lens.size() != R)
-    throw Error("synthetic case: " + str(static_cast<std::int64_t>(R)) + " seq_lens but " +
-                str(static_cast<std::int64_t>(spec.query_lens.size())) + " query_lens");
-  if (spec.block_size <= 0) throw Error("synthetic case: block_size must be positive, got " + str(spec.block_size));
   if (spec.topk <= 0) throw Error("synthetic case: topk must be positive, got " + str(spec.topk));
   if (spec.num_heads <= 0) throw Error("synthetic case: num_heads must be positive, got " + str(spec.num_heads));
-  if (spec.padding_tokens < 0 || spec.spare_blocks < 0)
-    throw Error("synthetic case: padding_tokens and spare_blocks must be non-negative");
   if (!(spec.k_scale > 0) || !(spec.q_scale > 0) || !std::isfinite(spec.k_scale) || !std::isfinite(spec.q_scale))
     throw Error("synthetic case: k_scale and q_scale must be positive and finite");
 
   Case c;
   c.num_heads = spec.num_heads;
   c.cache_format = spec.cache_format;
-  c.block_size = spec.block_size;
   c.topk = spec.topk;
   c.softmax_scale = static_cast<float>(default_softmax_scale());
   c.k_scale = spec.k_scale;
   c.q_scale = spec.q_scale;
   c.policy = spec.policy;
   c.decode_threshold = spec.decode_threshold;
-  c.num_requests = static_cast<int>(R);
-
-  const std::int64_t B = spec.block_size;
-  std::int64_t num_new = 0, blocks_needed = 0;
-  int max_blocks = 1;  // keep the block table non-empty even when every sequence is empty
-  c.query_start_loc.push_back(0);
-  for (std::size_t r = 0; r < R; ++r) {
-    const int s = spec.seq_lens[r], ql = spec.query_lens[r];
-    if (s < 0 || ql < 0 || ql > s)
-      throw Error("synthetic case: request " + str(static_cast<std::int64_t>(r)) + " has query_len " + str(ql) +
-                  " and seq_len " + str(s) + " (need 0 <= query_len <= seq_len)");
-    const auto blocks = static_cast<int>((s + B - 1) / B);
-    max_blocks = std::max(max_blocks, blocks);
-    blocks_needed += blocks;
-    num_new += ql;
-    c.query_start_loc.push_back(static_cast<std::int32_t>(num_new));
-    c.seq_lens.push_back(s);
-  }
-  c.num_tokens = static_cast<int>(num_new + spec.padding_tokens);
-  c.max_blocks_per_request = max_blocks;
-  c.num_cache_blocks = blocks_needed + spec.spare_blocks;
-
-  CaseRng rng(spec.seed);
-  const std::int64_t T = c.num_tokens, H = c.num_heads;
+  c.num_requests = static_cast<int>(spec.seq_lens.size());
 
   // Cache block assignment: request r owns the next ceil(seq_len / B) blocks of
-  // a (possibly shuffled) list of all blocks; unused table entries stay 0, as in vLLM.
-  std::vector<std::int32_t> blocks(static_cast<std::size_t>(c.num_cache_blocks));
-  std::iota(blocks.begin(), blocks.end(), 0);
-  if (spec.shuffle_blocks) std::shuffle(blocks.begin(), blocks.end(), rng.engine());
-  c.block_table.assign(R * static_cast<std::size_t>(max_blocks), 0);
-  std::size_t next_block = 0;
-  for (std::size_t r = 0; r < R; ++r) {
-    const std::int64_t n = (c.seq_lens[r] + B - 1) / B;
-    for (std::int64_t j = 0; j < n; ++j)
-      c.block_table[r * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(j)] = blocks[next_block++];
+  // a (possibly shuffled) list of all blocks; unused table entries stay 0, as in
+  // vLLM. The shuffle is the first draw of the case's random stream.
+  CaseRng rng(spec.seed);
+  BatchLayout layout;
+  layout.padding_tokens = spec.padding_tokens;
+  layout.spare_blocks = spec.spare_blocks;
+  if (spec.shuffle_blocks) layout.shuffle_rng = &rng.engine();
+  BatchStorage batch;
+  try {
+    batch = make_batch(spec.seq_lens, spec.query_lens, spec.block_size, layout);
+  } catch (const Error& e) {
+    throw Error(std::string("synthetic case: ") + e.what());
   }
-  auto slot_of = [&](std::size_t r, std::int64_t pos) -> std::int64_t {
-    return static_cast<std::int64_t>(c.block_table[r * static_cast<std::size_t>(max_blocks) +
-                                                   static_cast<std::size_t>(pos / B)]) * B + pos % B;
-  };
+  c.block_size = batch.block_size;
+  c.num_tokens = batch.num_tokens;
+  c.max_blocks_per_request = batch.max_blocks_per_request;
+  c.num_cache_blocks = batch.num_cache_blocks;
+  c.query_start_loc = std::move(batch.query_start_loc);
+  c.seq_lens = std::move(batch.seq_lens);
+  c.block_table = std::move(batch.block_table);
+  c.slot_mapping = std::move(batch.slot_mapping);  // new tokens at the slots of positions ctx + i; padding -1
+
+  const std::size_t R = c.seq_lens.size();
+  const std::int64_t B = c.block_size, T = c.num_tokens, H = c.num_heads;
 
   // Dense tensors: q, kv_c, k_pe ~ N(0, 1); w_kv_b ~ N(0, 1/sqrt(512)) so that
   // absorbed queries have unit-ish scale and scores spread over a few units.
@@ -267,14 +234,6 @@ Case make_synthetic_case(const SyntheticSpec& spec) {
                         std::span<std::uint8_t>(c.kv_cache.data() + s * bpt, static_cast<std::size_t>(bpt)),
                         latent, rope, c.k_scale);
     }
-  }
-
-  // New tokens go to the slots of their positions ctx + i; padding rows get -1.
-  c.slot_mapping.assign(static_cast<std::size_t>(T), -1);
-  for (std::size_t r = 0; r < R; ++r) {
-    const std::int64_t start = c.query_start_loc[r], ql = c.query_start_loc[r + 1] - start;
-    const std::int64_t ctx = c.seq_lens[r] - ql;
-    for (std::int64_t i = 0; i < ql; ++i) c.slot_mapping[static_cast<std::size_t>(start + i)] = slot_of(r, ctx + i);
   }
 
   if (spec.with_topk) {

@@ -149,25 +149,8 @@ TEST_F(CliTest, PlanPrintsThePlannersJson) {
 
   // The same batch planned in-process: identical JSON (but for the plan id).
   const std::vector<std::int32_t> seq_lens{32, 40, 1024, 2016}, q_lens{1, 8, 1024, 16};
-  std::vector<std::int32_t> qsl{0}, table;
-  std::vector<std::int64_t> slots;
-  const int B = 32, max_blocks = 2016 / B;
-  std::int32_t next = 0;
-  for (std::size_t r2 = 0; r2 < seq_lens.size(); ++r2) {
-    qsl.push_back(qsl.back() + q_lens[r2]);
-    const int first = next, blocks = (seq_lens[r2] + B - 1) / B;
-    for (int j = 0; j < max_blocks; ++j) table.push_back(j < blocks ? next++ : 0);
-    for (int i = 0; i < q_lens[r2]; ++i) slots.push_back(std::int64_t{first} * B + seq_lens[r2] - q_lens[r2] + i);
-  }
-  BatchDesc batch;
-  batch.query_start_loc = qsl;
-  batch.seq_lens = seq_lens;
-  batch.block_table = table;
-  batch.max_blocks_per_request = max_blocks;
-  batch.slot_mapping = slots;
-  batch.num_tokens = qsl.back();
-  batch.num_cache_blocks = next;
-  batch.block_size = B;
+  const BatchStorage storage = make_batch(seq_lens, q_lens, 32);
+  const BatchDesc batch = storage.desc();
   PlanOptions options;
   options.num_heads = 32;
   const Plan plan = make_plan(batch, options);
@@ -223,6 +206,10 @@ TEST_F(CliTest, UsageErrors) {
   expect_bad_input({"plan", "--seq-lens", "1,x", "--query-lens", "1,1"}, {"'x' is not an integer"});
   expect_bad_input({"plan", "--seq-lens", "8", "--query-lens", "1", "--policy", "fastest"}, {"fastest"});
   expect_bad_input({"plan", "--seq-lens", "8", "--query-lens", "1", "--heads", "24"}, {"num_heads 24"});
+  expect_bad_input({"plan", "--seq-lens", "8,4", "--query-lens", "1,5"}, {"request 1: query_len 5 > seq_len 4"});
+  // One cache slot past the planner's 2^31, rejected before anything is allocated.
+  expect_bad_input({"plan", "--seq-lens", "1073741824,1073741824,1", "--query-lens", "1,1,1", "--block-size", "1"},
+                   {"2147483649 cache blocks"});
   expect_bad_input({"make-case", file("c.safetensors"), "--batch", "huge"}, {"unknown batch name 'huge'"});
   expect_bad_input({"make-case", file("c.safetensors"), "--seq-lens", "4", "--query-lens", "5"}, {"exceeds"});
   expect_bad_input({"make-case", file("c.safetensors"), "--batch", "small_decode", "--cache-format", "fp4"}, {"fp4"});

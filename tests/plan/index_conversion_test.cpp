@@ -12,14 +12,14 @@ namespace dsmla {
 namespace {
 
 using test::expect_contains;
-using test::make_batch;
+using test::make_test_batch;
 using test::options;
 
 constexpr int kTopk = 8;
 
 // decode (seq 20), sparse prefill over a context (seq 50 ; 3), dense pure prefill (6), 2 padding rows.
 struct Fixture {
-  test::TestBatch batch = make_batch({20, 50, 6}, {1, 3, 6}, 16, 2);
+  test::TestBatch batch = make_test_batch({20, 50, 6}, {1, 3, 6}, 16, 2);
   Plan plan = make_plan(batch.desc(), options(kTopk));
   std::vector<std::int32_t> indices;
 
@@ -99,18 +99,18 @@ TEST(IndexConversion, RejectsBatchThatIsNotThePlanned) {
   expect_contains(test::error_of([&] { validate_topk_indices(f.plan, other.desc(), f.indices); }),
                   {"request 1", "seq_len 51", "50"});
   other = f.batch;
-  other.max_blocks += 1;
-  other.block_table.resize(other.seq_lens.size() * other.max_blocks, 0);
+  other.max_blocks_per_request += 1;
+  other.block_table.resize(other.seq_lens.size() * other.max_blocks_per_request, 0);
   expect_contains(test::error_of([&] { validate_topk_indices(f.plan, other.desc(), f.indices); }),
-                  {"max_blocks_per_request " + std::to_string(other.max_blocks)});
+                  {"max_blocks_per_request " + std::to_string(other.max_blocks_per_request)});
   other = f.batch;
-  other.block_table[other.max_blocks] = -5;
+  other.block_table[other.max_blocks_per_request] = -5;
   expect_contains(test::error_of([&] { validate_topk_indices(f.plan, other.desc(), f.indices); }),
                   {"block_table[1][0] = -5"});
 }
 
 TEST(IndexConversion, NoSparseTokensNeedsNoIndices) {
-  const auto b = make_batch({6}, {6});
+  const auto b = make_test_batch({6}, {6});
   const Plan plan = make_plan(b.desc(), options(kTopk));
   ASSERT_TRUE(plan.sparse_tokens.empty());
   const std::vector<std::int32_t> garbage(6 * kTopk, -99);

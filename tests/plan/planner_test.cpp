@@ -15,14 +15,14 @@
 namespace dsmla {
 namespace {
 
-using test::make_batch;
+using test::make_test_batch;
 using test::options;
 using test::TestBatch;
 
 // ---------------------------------------------------------------- reuse
 
 TEST(Planner, ReusesThePlanOfAnIdenticalBatch) {
-  const TestBatch b = make_batch({32, 40, 64}, {1, 1, 64});
+  const TestBatch b = make_test_batch({32, 40, 64}, {1, 1, 64});
   Planner planner;
   const auto first = planner.plan(b.desc(), options());
   EXPECT_EQ(first->id, 1u);
@@ -40,7 +40,7 @@ TEST(Planner, ReusesThePlanOfAnIdenticalBatch) {
 }
 
 TEST(Planner, AnyChangedInputTriggersReplanning) {
-  const TestBatch base = make_batch({32, 40, 64}, {1, 1, 64}, 64, /*padding=*/1);
+  const TestBatch base = make_test_batch({32, 40, 64}, {1, 1, 64}, 64, /*padding=*/1);
   const std::vector<std::pair<std::string, std::function<void(TestBatch&, PlanOptions&)>>> changes{
       {"num_heads", [](TestBatch&, PlanOptions& o) { o.num_heads = 64; }},
       {"cache_format", [](TestBatch&, PlanOptions& o) { o.cache_format = CacheFormat::fp8; }},
@@ -54,7 +54,7 @@ TEST(Planner, AnyChangedInputTriggersReplanning) {
       {"num_cache_blocks", [](TestBatch& b, PlanOptions&) { b.num_cache_blocks += 1; }},
       {"padding", [](TestBatch& b, PlanOptions&) { b.num_tokens += 1; b.slot_mapping.push_back(-1); }},
       {"query_start_loc", [](TestBatch& b, PlanOptions&) {
-         b = make_batch({32, 40, 64}, {1, 2, 63}, 64, 1);
+         b = make_test_batch({32, 40, 64}, {1, 2, 63}, 64, 1);
        }}};
   for (const auto& [name, change] : changes) {
     SCOPED_TRACE(name);
@@ -74,7 +74,7 @@ TEST(Planner, AnyChangedInputTriggersReplanning) {
 }
 
 TEST(Planner, FailedPlanKeepsTheLastOne) {
-  const TestBatch good = make_batch({32, 40}, {1, 1});
+  const TestBatch good = make_test_batch({32, 40}, {1, 1});
   TestBatch bad = good;
   bad.seq_lens[1] = -1;
   Planner planner;
@@ -110,7 +110,7 @@ void expect_valid_layout(const Plan& p) {
 
 TEST(Workspace, MixedBatchUsesEveryRegion) {
   // 3 sparse tokens (2 decodes + 1 odd-sized chunk), dense requests of 7 and 50 rows.
-  const TestBatch b = make_batch({33, 7, 40, 50, 3000}, {1, 7, 1, 50, 1}, 16);
+  const TestBatch b = make_test_batch({33, 7, 40, 50, 3000}, {1, 7, 1, 50, 1}, 16);
   const Plan p = make_plan(b.desc(), options(2048, RoutingPolicy::per_request, 1, 48));
   ASSERT_EQ(p.sparse_tokens.size(), 3u);
   ASSERT_EQ(p.dense_kv_rows, 57);
@@ -124,14 +124,14 @@ TEST(Workspace, MixedBatchUsesEveryRegion) {
 }
 
 TEST(Workspace, UnusedRegionsAreEmpty) {
-  const TestBatch decodes = make_batch({32, 40}, {1, 1});
+  const TestBatch decodes = make_test_batch({32, 40}, {1, 1});
   const Plan sparse_only = make_plan(decodes.desc(), options(64));
   EXPECT_GT(sparse_only.ws_sparse_slots.bytes, 0u);
   EXPECT_EQ(sparse_only.ws_dense_latent.bytes, 0u);
   EXPECT_EQ(sparse_only.ws_dense_kv.bytes, 0u);
   expect_valid_layout(sparse_only);
 
-  const TestBatch prefill = make_batch({64}, {64});
+  const TestBatch prefill = make_test_batch({64}, {64});
   const Plan dense_only = make_plan(prefill.desc(), options());
   EXPECT_EQ(dense_only.ws_sparse_q.bytes, 0u);
   EXPECT_EQ(dense_only.ws_sparse_o.bytes, 0u);
@@ -144,7 +144,7 @@ TEST(Workspace, UnusedRegionsAreEmpty) {
 // ---------------------------------------------------------------- json
 
 TEST(PlanJson, ParsesBackWithTheExpectedFields) {
-  const TestBatch b = make_batch({32, 64, 3000, 50}, {1, 64, 3000, 0}, 64, 2);
+  const TestBatch b = make_test_batch({32, 64, 3000, 50}, {1, 64, 3000, 0}, 64, 2);
   const Plan plan = make_plan(b.desc(), options());
   const std::string text = plan.to_json();
   const nlohmann::json j = nlohmann::json::parse(text);
@@ -157,7 +157,7 @@ TEST(PlanJson, ParsesBackWithTheExpectedFields) {
   EXPECT_EQ(j["options"]["dense_cost_factor"], 1.0);
   EXPECT_EQ(j["num_tokens"], 3067);
   EXPECT_EQ(j["num_requests"], 4);
-  EXPECT_EQ(j["max_blocks_per_request"], b.max_blocks);
+  EXPECT_EQ(j["max_blocks_per_request"], b.max_blocks_per_request);
 
   ASSERT_EQ(j["routes"].size(), 4u);
   EXPECT_EQ(j["routes"][0]["path"], "decode");

@@ -11,7 +11,7 @@
 namespace dsmla {
 namespace {
 
-using test::make_batch;
+using test::make_test_batch;
 using test::options;
 
 // ---------------------------------------------------------------- cost model
@@ -55,7 +55,7 @@ TEST(CostModel, RejectsNegativeLengths) {
 // ---------------------------------------------------------------- per-request routing
 
 TEST(Routing, PurePrefillBelowTopkGoesDense) {
-  const auto b = make_batch({64}, {64});
+  const auto b = make_test_batch({64}, {64});
   const Plan plan = make_plan(b.desc(), options());
   ASSERT_EQ(plan.routes.size(), 1u);
   EXPECT_TRUE(plan.routes[0].dense_exact);
@@ -69,7 +69,7 @@ TEST(Routing, PurePrefillBelowTopkGoesDense) {
 
 TEST(Routing, ShortChunkOverLongContextStaysSparse) {
   // 16 new tokens over 2000 cached: exact (2016 <= 2048) but far cheaper sparse.
-  const auto b = make_batch({2016}, {16});
+  const auto b = make_test_batch({2016}, {16});
   const Plan plan = make_plan(b.desc(), options());
   const RequestRoute& route = plan.routes[0];
   EXPECT_TRUE(route.dense_exact);
@@ -81,7 +81,7 @@ TEST(Routing, ShortChunkOverLongContextStaysSparse) {
 }
 
 TEST(Routing, ExactnessBoundaryIsSeqLenEqualTopk) {
-  const auto b = make_batch({128, 129}, {128, 129});
+  const auto b = make_test_batch({128, 129}, {128, 129});
   const Plan plan = make_plan(b.desc(), options(128));
   EXPECT_TRUE(plan.routes[0].dense_exact);
   EXPECT_EQ(plan.routes[0].path, TokenPath::dense);
@@ -91,14 +91,14 @@ TEST(Routing, ExactnessBoundaryIsSeqLenEqualTopk) {
 
 TEST(Routing, LargePurePrefillWithSmallTopkIsSparse) {
   // DESIGN §5: large_q_pure_prefill (256,256 ; 256,256) with topk 128.
-  const auto b = make_batch({256, 256}, {256, 256});
+  const auto b = make_test_batch({256, 256}, {256, 256});
   const Plan plan = make_plan(b.desc(), options(128));
   for (const RequestRoute& route : plan.routes) EXPECT_EQ(route.path, TokenPath::sparse);
   EXPECT_EQ(plan.sparse_tokens.size(), 512u);
 }
 
 TEST(Routing, DenseCostFactorTipsTheBalance) {
-  const auto b = make_batch({256}, {256});
+  const auto b = make_test_batch({256}, {256});
   PlanOptions o = options();
   const Plan base = make_plan(b.desc(), o);
   const double ratio = base.routes[0].sparse_flops / base.routes[0].dense_flops;
@@ -115,7 +115,7 @@ TEST(Routing, DenseCostFactorTipsTheBalance) {
 // ---------------------------------------------------------------- decodes
 
 TEST(Routing, DecodeThresholdCountsSpeculativeTokens) {
-  const auto b = make_batch({100, 100, 100}, {1, 4, 5});
+  const auto b = make_test_batch({100, 100, 100}, {1, 4, 5});
   const Plan one = make_plan(b.desc(), options(2048, RoutingPolicy::per_request, 1));
   EXPECT_EQ(one.decode_requests, (std::vector<std::int32_t>{0}));
   EXPECT_TRUE(one.routes[0].is_decode);
@@ -131,7 +131,7 @@ TEST(Routing, DecodeThresholdCountsSpeculativeTokens) {
 
 TEST(Routing, DecodesAreSparseUnderEveryPolicyEvenWhenDenseWouldBeExact) {
   // A one-token pure prefill is a decode: never dense, whatever the policy.
-  const auto b = make_batch({1, 40}, {1, 1});
+  const auto b = make_test_batch({1, 40}, {1, 1});
   for (RoutingPolicy policy :
        {RoutingPolicy::per_request, RoutingPolicy::per_batch, RoutingPolicy::force_sparse}) {
     const Plan plan = make_plan(b.desc(), options(2048, policy));
@@ -146,7 +146,7 @@ TEST(Routing, DecodesAreSparseUnderEveryPolicyEvenWhenDenseWouldBeExact) {
 
 TEST(Routing, PerBatchSeedCaseShortPrefillBesideDecodes) {
   // The seed PR: a short prefill next to decodes; only the decodes go sparse.
-  const auto b = make_batch({100, 64, 200}, {1, 64, 1});
+  const auto b = make_test_batch({100, 64, 200}, {1, 64, 1});
   const Plan plan = make_plan(b.desc(), options(2048, RoutingPolicy::per_batch));
   EXPECT_EQ(plan.routes[0].path, TokenPath::decode);
   EXPECT_EQ(plan.routes[1].path, TokenPath::dense);
@@ -159,7 +159,7 @@ TEST(Routing, PerBatchSeedCaseShortPrefillBesideDecodes) {
 
 TEST(Routing, PerBatchIgnoresTheCostModel) {
   // mixed_small (32,40,48,56 ; 1,1,5,5): the chunks of 5 are exact but cheaper sparse.
-  const auto b = make_batch({32, 40, 48, 56}, {1, 1, 5, 5});
+  const auto b = make_test_batch({32, 40, 48, 56}, {1, 1, 5, 5});
   const Plan per_batch = make_plan(b.desc(), options(2048, RoutingPolicy::per_batch));
   EXPECT_EQ(per_batch.routes[2].path, TokenPath::dense);
   EXPECT_EQ(per_batch.routes[3].path, TokenPath::dense);
@@ -172,7 +172,7 @@ TEST(Routing, PerBatchIgnoresTheCostModel) {
 }
 
 TEST(Routing, ShortAndLongPromptsPerRequestVersusPerBatch) {
-  const auto b = make_batch({64, 4096, 100}, {64, 4096, 100});
+  const auto b = make_test_batch({64, 4096, 100}, {64, 4096, 100});
   const Plan per_request = make_plan(b.desc(), options(2048, RoutingPolicy::per_request));
   EXPECT_EQ(per_request.routes[0].path, TokenPath::dense);
   EXPECT_EQ(per_request.routes[1].path, TokenPath::sparse);
@@ -188,7 +188,7 @@ TEST(Routing, ShortAndLongPromptsPerRequestVersusPerBatch) {
 }
 
 TEST(Routing, ForceSparseRoutesEverythingSparse) {
-  const auto b = make_batch({64, 32, 40}, {64, 1, 8});
+  const auto b = make_test_batch({64, 32, 40}, {64, 1, 8});
   const Plan plan = make_plan(b.desc(), options(2048, RoutingPolicy::force_sparse));
   EXPECT_EQ(plan.routes[0].path, TokenPath::sparse);
   EXPECT_EQ(plan.routes[1].path, TokenPath::decode);
@@ -203,7 +203,7 @@ TEST(Routing, ForceSparseRoutesEverythingSparse) {
 
 TEST(Routing, RequestsInAnyOrderMapBackToTheirRows) {
   // dense prefill, decode, long sparse prefill, decode, dense prefill (topk 64).
-  const auto b = make_batch({10, 70, 100, 33, 20}, {10, 1, 100, 1, 20}, 16);
+  const auto b = make_test_batch({10, 70, 100, 33, 20}, {10, 1, 100, 1, 20}, 16);
   const Plan plan = make_plan(b.desc(), options(64));
   const std::vector<TokenPath> expected_paths{TokenPath::dense, TokenPath::decode, TokenPath::sparse,
                                               TokenPath::decode, TokenPath::dense};
@@ -241,7 +241,7 @@ TEST(Routing, RequestsInAnyOrderMapBackToTheirRows) {
 
 TEST(Routing, DenseRequestWithCachedPrefix) {
   // A chunk of 200 over 100 cached tokens is still cheaper dense.
-  const auto b = make_batch({40, 300}, {1, 200});
+  const auto b = make_test_batch({40, 300}, {1, 200});
   const Plan plan = make_plan(b.desc(), options());
   ASSERT_EQ(plan.dense_requests.size(), 1u);
   const DenseRequest& d = plan.dense_requests[0];
@@ -256,7 +256,7 @@ TEST(Routing, DenseRequestWithCachedPrefix) {
 }
 
 TEST(Routing, PaddingRows) {
-  const auto b = make_batch({32, 40}, {1, 8}, 64, /*padding=*/5);
+  const auto b = make_test_batch({32, 40}, {1, 8}, 64, /*padding=*/5);
   const Plan plan = make_plan(b.desc(), options());
   EXPECT_EQ(plan.num_tokens, 14);
   EXPECT_EQ(plan.padding_tokens, 5);
@@ -269,7 +269,7 @@ TEST(Routing, PaddingRows) {
 }
 
 TEST(Routing, ZeroLengthQueryProducesNoRows) {
-  const auto b = make_batch({32, 50, 40}, {1, 0, 8});
+  const auto b = make_test_batch({32, 50, 40}, {1, 0, 8});
   const Plan plan = make_plan(b.desc(), options());
   const RequestRoute& empty = plan.routes[1];
   EXPECT_EQ(empty.q_len, 0);
@@ -284,13 +284,13 @@ TEST(Routing, ZeroLengthQueryProducesNoRows) {
 }
 
 TEST(Routing, ZeroLengthQueriesDoNotBlockPerBatchDense) {
-  const auto b = make_batch({5000, 64}, {0, 64});
+  const auto b = make_test_batch({5000, 64}, {0, 64});
   const Plan plan = make_plan(b.desc(), options(2048, RoutingPolicy::per_batch));
   EXPECT_EQ(plan.routes[1].path, TokenPath::dense);
 }
 
 TEST(Routing, EmptyBatch) {
-  const auto b = make_batch({}, {}, 64, /*padding=*/3);
+  const auto b = make_test_batch({}, {}, 64, /*padding=*/3);
   const Plan plan = make_plan(b.desc(), options());
   EXPECT_EQ(plan.num_requests, 0);
   EXPECT_EQ(plan.padding_tokens, 3);
@@ -299,10 +299,10 @@ TEST(Routing, EmptyBatch) {
 }
 
 TEST(Routing, PlanRecordsShapes) {
-  const auto b = make_batch({32, 40}, {1, 8}, 32);
+  const auto b = make_test_batch({32, 40}, {1, 8}, 32);
   const Plan plan = make_plan(b.desc(), options(64, RoutingPolicy::per_request, 1, 32));
   EXPECT_EQ(plan.block_size, 32);
-  EXPECT_EQ(plan.max_blocks_per_request, b.max_blocks);
+  EXPECT_EQ(plan.max_blocks_per_request, b.max_blocks_per_request);
   EXPECT_EQ(plan.num_cache_slots, b.num_cache_blocks * 32);
   EXPECT_EQ(plan.num_requests, 2);
   EXPECT_EQ(plan.options.num_heads, 32);

@@ -1,4 +1,4 @@
-// Device buffers, streams, event timing and random-input kernels of
+// Streams, event timing and random-input kernels of
 // `dsmla bench` (declared in bench_device.hpp).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <utility>
 
 #include "cuda/bench/bench_device.hpp"
 #include "dsmla/format.hpp"
@@ -217,41 +216,6 @@ void synchronize_and_check(void* stream, const std::string& what) {
         what + " (execution)");
 }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  const cudaError_t status = cudaMalloc(&ptr_, bytes);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    ptr_ = nullptr;
-    throw Error("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " +
-                cudaGetErrorString(status));
-  }
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
-}
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = std::exchange(other.ptr_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-void DeviceBuffer::upload(const void* host, std::size_t bytes) {
-  if (bytes > bytes_) {
-    throw Error("upload of " + std::to_string(bytes) + " bytes into a device buffer of " +
-                std::to_string(bytes_));
-  }
-  if (bytes != 0) check(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "upload");
-}
-
 Stream::Stream() {
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -346,10 +310,10 @@ OutputCheck check_bf16_output(const std::uint16_t* a, const std::uint16_t* b, st
     unsigned long long nonfinite;
     unsigned int max_bits[2];
   };
-  DeviceBuffer result(sizeof(Result));
+  DeviceBuffer<Result> result(1);
   const cudaStream_t s = as_stream(stream);
-  check(cudaMemsetAsync(result.data(), 0, sizeof(Result), s), "check_bf16_output");
-  Result* r = result.as<Result>();
+  Result* r = result.data();
+  check(cudaMemsetAsync(r, 0, sizeof(Result), s), "check_bf16_output");
   if (count != 0) {
     // A few blocks per SM are plenty for a reduction that reads count * 2 bytes once.
     const int blocks = std::min(fill_blocks(static_cast<std::int64_t>(count)), 1024);

@@ -1,11 +1,12 @@
-// Host-callable CUDA helpers of `dsmla bench` (tools/bench.cpp): device
-// buffers, CUDA-event timing, random inputs generated on the device, the
+// Host-callable CUDA helpers of `dsmla bench` (tools/bench.cpp): streams,
+// CUDA-event timing, random inputs generated on the device, the
 // same-run ceilings (cuBLAS bf16 GEMM, device-to-device copy) and thin
 // wrappers that launch one attention kernel alone on device buffers.
 //
-// Plain C++ types only (streams are void*, bf16 is uint16_t bits), so the
-// host compiler can include this header; the definitions live in the .cu
-// files beside it and exist only when dsmla is built with CUDA.
+// Plain C++ types (streams are void*, bf16 is uint16_t bits) and
+// cuda::DeviceBuffer, so the host compiler can include this header (with the
+// CUDA include path); the definitions live in the .cu files beside it and
+// exist only when dsmla is built with CUDA.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,8 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/device_buffer.hpp"
 #include "dsmla/plan.hpp"
 #include "dsmla/types.hpp"
+
+namespace dsmla::cuda {
+// Defined in dense_mha/dense_mha.hpp, which only the .cu files include.
+struct DenseMhaRequest;
+struct DenseMhaWorkItem;
+}  // namespace dsmla::cuda
 
 namespace dsmla::cuda::bench {
 
@@ -37,31 +45,6 @@ DeviceInfo current_device_info();
 // error so far: an earlier launch failure or, after `stream` (may be null:
 // the whole device) has drained, an asynchronous fault.
 void synchronize_and_check(void* stream, const std::string& what);
-
-// One cudaMalloc'ed allocation, freed on destruction. Move-only.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes);  // throws Error naming the size on failure
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* data() const { return ptr_; }
-  template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  std::size_t bytes() const { return bytes_; }
-  // Synchronous host -> device copy of `bytes` (<= this->bytes()).
-  void upload(const void* host, std::size_t bytes);
-  template <class T>
-  void upload(const std::vector<T>& host) { upload(host.data(), host.size() * sizeof(T)); }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
 
 // A non-blocking CUDA stream owned by the benchmark.
 class Stream {
@@ -173,8 +156,8 @@ void launch_sparse_kernel(const SparseKernelArgs& args, void* stream);
 // The dense kernel's request table and work list for `requests`, on the
 // device (built by dense_mha.hpp's make_dense_mha_requests / _schedule).
 struct DenseSchedule {
-  DeviceBuffer requests;
-  DeviceBuffer work;
+  DeviceBuffer<DenseMhaRequest> requests;
+  DeviceBuffer<DenseMhaWorkItem> work;
   int num_work_items = 0;
 };
 DenseSchedule upload_dense_schedule(std::span<const DenseRequest> requests);

@@ -31,11 +31,11 @@ struct CublasHandle {
 std::vector<float> time_cublas_gemm_bf16(int n, int warmup, int repeats) {
   if (n < 1) throw Error("GEMM size " + std::to_string(n) + " < 1");
   const std::size_t elements = static_cast<std::size_t>(n) * n;
-  DeviceBuffer a(elements * 2), b(elements * 2), c(elements * 2);
+  DeviceBuffer<std::uint16_t> a(elements), b(elements), c(elements);
   Stream stream;
   // Random data: a GEMM on zeros runs measurably faster (less switching power).
-  fill_random_bf16(a.as<std::uint16_t>(), elements, 1.0f, 0xA11CE, stream.handle());
-  fill_random_bf16(b.as<std::uint16_t>(), elements, 1.0f, 0xB0B, stream.handle());
+  fill_random_bf16(a.data(), elements, 1.0f, 0xA11CE, stream.handle());
+  fill_random_bf16(b.data(), elements, 1.0f, 0xB0B, stream.handle());
   CublasHandle cublas;
   check_cublas(cublasSetStream(cublas.handle, static_cast<cudaStream_t>(stream.handle())),
                "cublasSetStream");
@@ -49,9 +49,10 @@ std::vector<float> time_cublas_gemm_bf16(int n, int warmup, int repeats) {
 }
 
 std::vector<float> time_device_copy(std::size_t bytes, int warmup, int repeats) {
-  DeviceBuffer src(bytes), dst(bytes);
+  // bf16 elements, so that the source can be filled with random values.
+  DeviceBuffer<std::uint16_t> src((bytes + 1) / 2), dst((bytes + 1) / 2);
   Stream stream;
-  fill_random_bf16(src.as<std::uint16_t>(), bytes / 2, 1.0f, 0xC0B7, stream.handle());
+  fill_random_bf16(src.data(), bytes / 2, 1.0f, 0xC0B7, stream.handle());
   const cudaStream_t s = static_cast<cudaStream_t>(stream.handle());
   return time_with_events(stream.handle(), warmup, repeats, [&](int) {
     const cudaError_t status = cudaMemcpyAsync(dst.data(), src.data(), bytes,

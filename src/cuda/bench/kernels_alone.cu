@@ -48,9 +48,7 @@ DenseSchedule upload_dense_schedule(std::span<const DenseRequest> requests) {
   const std::vector<DenseMhaRequest> table = make_dense_mha_requests(requests);
   const std::vector<DenseMhaWorkItem> work = make_dense_mha_schedule(requests);
   DenseSchedule s;
-  s.requests = DeviceBuffer(table.size() * sizeof(DenseMhaRequest));
   s.requests.upload(table);
-  s.work = DeviceBuffer(work.size() * sizeof(DenseMhaWorkItem));
   s.work.upload(work);
   s.num_work_items = static_cast<int>(work.size());
   return s;
@@ -62,8 +60,8 @@ void launch_dense_kernel(const DenseKernelArgs& a, void* stream) {
   p.q = as_bf16(a.q);
   p.kv_up = as_bf16(a.kv_up);
   p.latent = as_bf16(a.latent);
-  p.requests = a.schedule->requests.as<const DenseMhaRequest>();
-  p.work = a.schedule->work.as<const DenseMhaWorkItem>();
+  p.requests = a.schedule->requests.data();
+  p.work = a.schedule->work.data();
   p.num_work_items = a.schedule->num_work_items;
   p.num_heads = a.num_heads;
   p.softmax_scale = a.softmax_scale;

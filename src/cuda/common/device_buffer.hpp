@@ -1,17 +1,25 @@
-// A typed, owning device allocation (cudaMalloc / cudaFree) for metadata the
-// backend uploads at plan time and for test buffers. Host code; compiles with
-// or without nvcc.
+// A typed, owning device allocation (cudaMalloc / cudaFree): metadata the
+// backend uploads at plan time, test buffers, and the device buffers of the
+// CLI's runs and benchmark. Host code; compiles with or without nvcc (g++
+// needs only the CUDA include path).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
 
 namespace dsmla::cuda {
+
+// Out of line (noinline): keeps the message building out of every resize().
+[[noreturn]] __attribute__((noinline)) inline void allocation_failed(cudaError_t status, std::size_t bytes) {
+  cudaGetLastError();  // a failed allocation is not sticky: keep it from failing the next call
+  throw_cuda_error(status, ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+}
 
 template <class T>
 class DeviceBuffer {
@@ -40,7 +48,9 @@ class DeviceBuffer {
     if (count > capacity_) {
       release();
       void* p = nullptr;
-      DSMLA_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+      const std::size_t bytes = count * sizeof(T);
+      const cudaError_t status = cudaMalloc(&p, bytes);
+      if (status != cudaSuccess) allocation_failed(status, bytes);
       data_ = static_cast<T*>(p);
       capacity_ = count;
     }
