@@ -25,6 +25,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/common/cuda_check.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
 
@@ -33,15 +34,6 @@ namespace {
 using dsmla::cuda::DenseMhaParams;
 using dsmla::cuda::DenseMhaRequest;
 using dsmla::cuda::DenseMhaWorkItem;
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t err_ = (x);                                                              \
-    if (err_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 enum Tensor : std::uint32_t { kQ = 1, kKvUp = 2, kLatent = 3 };
 
@@ -150,20 +142,20 @@ int main(int argc, char** argv) {
     DenseMhaWorkItem* d_work;
     const std::uint64_t nq = std::uint64_t(T) * H * 192, nkv = std::uint64_t(kv_rows) * H * 256,
                         nlat = std::uint64_t(kv_rows) * 576;
-    CHECK_CUDA(cudaMalloc(&q, nq * 2));
-    CHECK_CUDA(cudaMalloc(&kv_up, nkv * 2));
-    CHECK_CUDA(cudaMalloc(&latent, nlat * 2));
-    CHECK_CUDA(cudaMalloc(&out, std::uint64_t(T) * H * 128 * 2));
-    CHECK_CUDA(cudaMalloc(&lse, std::uint64_t(T) * H * 4));
-    CHECK_CUDA(cudaMalloc(&d_req, dreq.size() * sizeof(DenseMhaRequest)));
-    CHECK_CUDA(cudaMalloc(&d_work, work.size() * sizeof(DenseMhaWorkItem)));
-    CHECK_CUDA(cudaMemcpy(d_req, dreq.data(), dreq.size() * sizeof(DenseMhaRequest), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(d_work, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
+    DSMLA_CUDA_CHECK(cudaMalloc(&q, nq * 2));
+    DSMLA_CUDA_CHECK(cudaMalloc(&kv_up, nkv * 2));
+    DSMLA_CUDA_CHECK(cudaMalloc(&latent, nlat * 2));
+    DSMLA_CUDA_CHECK(cudaMalloc(&out, std::uint64_t(T) * H * 128 * 2));
+    DSMLA_CUDA_CHECK(cudaMalloc(&lse, std::uint64_t(T) * H * 4));
+    DSMLA_CUDA_CHECK(cudaMalloc(&d_req, dreq.size() * sizeof(DenseMhaRequest)));
+    DSMLA_CUDA_CHECK(cudaMalloc(&d_work, work.size() * sizeof(DenseMhaWorkItem)));
+    DSMLA_CUDA_CHECK(cudaMemcpy(d_req, dreq.data(), dreq.size() * sizeof(DenseMhaRequest), cudaMemcpyHostToDevice));
+    DSMLA_CUDA_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
     fill_kernel<<<2048, 256>>>(q, nq, kQ);
     fill_kernel<<<2048, 256>>>(kv_up, nkv, kKvUp);
     fill_kernel<<<2048, 256>>>(latent, nlat, kLatent);
-    CHECK_CUDA(cudaMemset(out, 0xFF, std::uint64_t(T) * H * 128 * 2));  // NaN poison
-    CHECK_CUDA(cudaMemset(lse, 0xFF, std::uint64_t(T) * H * 4));
+    DSMLA_CUDA_CHECK(cudaMemset(out, 0xFF, std::uint64_t(T) * H * 128 * 2));  // NaN poison
+    DSMLA_CUDA_CHECK(cudaMemset(lse, 0xFF, std::uint64_t(T) * H * 4));
 
     DenseMhaParams p;
     p.q = q;
@@ -177,7 +169,7 @@ int main(int argc, char** argv) {
     p.out = out;
     p.lse = lse;
     dsmla::cuda::launch_dense_mha(p, nullptr);
-    CHECK_CUDA(cudaDeviceSynchronize());
+    DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
     // Spot checks: first / last / a middle row of the first, a middle and the last request.
     double max_dout = 0, max_dlse = 0;
@@ -193,8 +185,8 @@ int main(int argc, char** argv) {
           std::uint16_t got[128];
           float got_lse;
           const std::uint64_t row = std::uint64_t(r.q_start) + i;
-          CHECK_CUDA(cudaMemcpy(got, out + row * H * 128 + h * 128, sizeof(got), cudaMemcpyDeviceToHost));
-          CHECK_CUDA(cudaMemcpy(&got_lse, lse + row * H + h, 4, cudaMemcpyDeviceToHost));
+          DSMLA_CUDA_CHECK(cudaMemcpy(got, out + row * H * 128 + h * 128, sizeof(got), cudaMemcpyDeviceToHost));
+          DSMLA_CUDA_CHECK(cudaMemcpy(&got_lse, lse + row * H + h, 4, cudaMemcpyDeviceToHost));
           for (int d = 0; d < 128; ++d) {
             const double g = bf16_bits_to_float(got[d]);
             const double err = std::fabs(g - ref[d]);
@@ -210,17 +202,17 @@ int main(int argc, char** argv) {
     failures += bad;
 
     cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
+    DSMLA_CUDA_CHECK(cudaEventCreate(&e0));
+    DSMLA_CUDA_CHECK(cudaEventCreate(&e1));
     for (int w = 0; w < 5; ++w) dsmla::cuda::launch_dense_mha(p, nullptr);
     std::vector<float> ms;
     for (int it = 0; it < 30; ++it) {
-      CHECK_CUDA(cudaEventRecord(e0));
+      DSMLA_CUDA_CHECK(cudaEventRecord(e0));
       dsmla::cuda::launch_dense_mha(p, nullptr);
-      CHECK_CUDA(cudaEventRecord(e1));
-      CHECK_CUDA(cudaEventSynchronize(e1));
+      DSMLA_CUDA_CHECK(cudaEventRecord(e1));
+      DSMLA_CUDA_CHECK(cudaEventSynchronize(e1));
       float t;
-      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      DSMLA_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
       ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
@@ -230,15 +222,15 @@ int main(int argc, char** argv) {
                 bad ? "MISMATCH" : "ok");
     if (results && c.seq > 0) std::fprintf(results, "%d %d %.4f\n", c.seq, H, med);
 
-    CHECK_CUDA(cudaEventDestroy(e0));
-    CHECK_CUDA(cudaEventDestroy(e1));
-    CHECK_CUDA(cudaFree(q));
-    CHECK_CUDA(cudaFree(kv_up));
-    CHECK_CUDA(cudaFree(latent));
-    CHECK_CUDA(cudaFree(out));
-    CHECK_CUDA(cudaFree(lse));
-    CHECK_CUDA(cudaFree(d_req));
-    CHECK_CUDA(cudaFree(d_work));
+    DSMLA_CUDA_CHECK(cudaEventDestroy(e0));
+    DSMLA_CUDA_CHECK(cudaEventDestroy(e1));
+    DSMLA_CUDA_CHECK(cudaFree(q));
+    DSMLA_CUDA_CHECK(cudaFree(kv_up));
+    DSMLA_CUDA_CHECK(cudaFree(latent));
+    DSMLA_CUDA_CHECK(cudaFree(out));
+    DSMLA_CUDA_CHECK(cudaFree(lse));
+    DSMLA_CUDA_CHECK(cudaFree(d_req));
+    DSMLA_CUDA_CHECK(cudaFree(d_work));
   }
   if (results) std::fclose(results);
   std::printf("dense_mha bench: %s\n", failures ? "SPOT-CHECK FAILURES" : "all spot checks ok");

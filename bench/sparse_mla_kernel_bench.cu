@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/common/cuda_check.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
@@ -38,15 +39,6 @@ namespace {
 
 using dsmla::CacheFormat;
 using dsmla::cuda::SparseMlaParams;
-
-#define CHECK_CUDA(x)                                                                             \
-  do {                                                                                            \
-    cudaError_t err_ = (x);                                                                       \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 __host__ __device__ inline std::uint64_t mix(std::uint64_t x) {
   x ^= x >> 31;
@@ -162,7 +154,7 @@ Case decode_case(CacheFormat format, int heads, int batch, int context, int topk
 template <class T>
 T* device_alloc(std::size_t n) {
   void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)));
+  DSMLA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)));
   return static_cast<T*>(p);
 }
 
@@ -176,14 +168,14 @@ bool check_tokens(const Case& c, const std::vector<int>& tokens, const std::uint
   for (int t : tokens) {
     std::vector<std::uint16_t> q(static_cast<std::size_t>(H) * 576), o(static_cast<std::size_t>(H) * 512);
     std::vector<float> lse(H);
-    CHECK_CUDA(cudaMemcpy(q.data(), d_q + static_cast<std::size_t>(t) * H * 576, q.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(o.data(), d_o + static_cast<std::size_t>(t) * H * 512, o.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(lse.data(), d_lse + static_cast<std::size_t>(t) * H, H * 4, cudaMemcpyDeviceToHost));
+    DSMLA_CUDA_CHECK(cudaMemcpy(q.data(), d_q + static_cast<std::size_t>(t) * H * 576, q.size() * 2, cudaMemcpyDeviceToHost));
+    DSMLA_CUDA_CHECK(cudaMemcpy(o.data(), d_o + static_cast<std::size_t>(t) * H * 512, o.size() * 2, cudaMemcpyDeviceToHost));
+    DSMLA_CUDA_CHECK(cudaMemcpy(lse.data(), d_lse + static_cast<std::size_t>(t) * H, H * 4, cudaMemcpyDeviceToHost));
     const int n = c.counts[t];
     std::vector<float> keys(static_cast<std::size_t>(n) * 576);
     for (int j = 0; j < n; ++j) {
       const std::int32_t s = c.slots[static_cast<std::size_t>(t) * c.topk + j];
-      CHECK_CUDA(cudaMemcpy(token_bytes.data(), d_cache + static_cast<std::size_t>(s) * bpt, bpt, cudaMemcpyDeviceToHost));
+      DSMLA_CUDA_CHECK(cudaMemcpy(token_bytes.data(), d_cache + static_cast<std::size_t>(s) * bpt, bpt, cudaMemcpyDeviceToHost));
       float* key = keys.data() + static_cast<std::size_t>(j) * 576;
       dsmla::read_cache_token(c.format, token_bytes, key, c.k_scale);
       // The kernel computes with the fp8 keys dequantised to bf16.
@@ -256,9 +248,9 @@ Result run_case(const Case& c, int warmup, int reps) {
   auto* d_counts = device_alloc<std::int32_t>(n);
   fill_bf16_kernel<<<4096, 256>>>(d_q, n * H * 576, 0x1234, 1.5f);
   fill_cache_kernel<<<4096, 256>>>(d_cache, c.num_slots, format_index(c.format), 0x5678);
-  CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaMemcpy(d_slots, c.slots.data(), c.slots.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(d_counts, c.counts.data(), n * 4, cudaMemcpyHostToDevice));
+  DSMLA_CUDA_CHECK(cudaGetLastError());
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_slots, c.slots.data(), c.slots.size() * 4, cudaMemcpyHostToDevice));
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_counts, c.counts.data(), n * 4, cudaMemcpyHostToDevice));
   const std::size_t ws_bytes = dsmla::cuda::sparse_mla_workspace_bytes(c.num_tokens, H, c.topk);
   void* d_ws = ws_bytes > 0 ? device_alloc<std::uint8_t>(ws_bytes) : nullptr;
 
@@ -290,35 +282,35 @@ Result run_case(const Case& c, int warmup, int reps) {
   r.name = c.name;
   r.anchor_us = c.anchor_us;
   std::printf("%s (workspace %zu B)\n", r.name.c_str(), ws_bytes);
-  CHECK_CUDA(cudaMemset(d_o, 0xFF, n * H * 512 * 2));
-  CHECK_CUDA(cudaMemset(d_lse, 0xFF, n * H * 4));
+  DSMLA_CUDA_CHECK(cudaMemset(d_o, 0xFF, n * H * 512 * 2));
+  DSMLA_CUDA_CHECK(cudaMemset(d_lse, 0xFF, n * H * 4));
   dsmla::cuda::launch_sparse_mla(p, nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   r.ok = check_tokens(c, tokens, d_q, d_cache, d_o, d_lse, p.softmax_scale);
 
   for (int i = 0; i < warmup; ++i) dsmla::cuda::launch_sparse_mla(p, nullptr);
   cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
+  DSMLA_CUDA_CHECK(cudaEventCreate(&e0));
+  DSMLA_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<float> ms(reps);
   for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
+    DSMLA_CUDA_CHECK(cudaEventRecord(e0));
     dsmla::cuda::launch_sparse_mla(p, nullptr);
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+    DSMLA_CUDA_CHECK(cudaEventRecord(e1));
+    DSMLA_CUDA_CHECK(cudaEventSynchronize(e1));
+    DSMLA_CUDA_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
   }
-  CHECK_CUDA(cudaGetLastError());
+  DSMLA_CUDA_CHECK(cudaGetLastError());
   std::sort(ms.begin(), ms.end());
   r.us = ms[reps / 2] * 1e3;
   r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
   std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3,
               ms.back() * 1e3, r.tflops);
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
+  DSMLA_CUDA_CHECK(cudaEventDestroy(e0));
+  DSMLA_CUDA_CHECK(cudaEventDestroy(e1));
   for (void* ptr : {static_cast<void*>(d_q), static_cast<void*>(d_o), static_cast<void*>(d_lse),
                     static_cast<void*>(d_cache), static_cast<void*>(d_slots), static_cast<void*>(d_counts), d_ws})
-    if (ptr) CHECK_CUDA(cudaFree(ptr));
+    if (ptr) DSMLA_CUDA_CHECK(cudaFree(ptr));
   return r;
 }
 
@@ -328,7 +320,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool small_heads = argc > 1 && std::strcmp(argv[1], "--small-heads") == 0;
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  DSMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::vector<Case> cases;
   if (small_heads) {

@@ -16,8 +16,8 @@ namespace {
 const char* const kHelp = R"(usage: dsmla plan --seq-lens S1,S2,.. --query-lens Q1,Q2,.. [options]
 
 Plans a batch of requests (request i: seq_lens[i] tokens in total, the last
-query_lens[i] of them new) and prints Plan::to_json(): the path of every
-token (decode / sparse / dense / padding), the per-request routing decision
+query_lens[i] of them new) and prints Plan::to_json(): token counts per path
+(decode / sparse / dense / padding), the per-request routing decision
 with the cost-model FLOPs behind it, and the workspace layout. The batch gets
 a trivial cache: consecutive blocks per request, new tokens at their slots.
 
