@@ -40,9 +40,6 @@ namespace {
 using cuda::DeviceBuffer;
 using test::GuardedBuffer;
 
-#define DSMLA_SKIP_WITHOUT_GPU()                                                              \
-  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
-
 void check(cudaError_t status, const char* what) {
   ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
 }

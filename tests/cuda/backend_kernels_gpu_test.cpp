@@ -12,14 +12,12 @@
 #include "cuda/backend/backend_kernels.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "dsmla/attention.hpp"
+#include "support/test_support.hpp"
 
 namespace dsmla {
 namespace {
 
 using cuda::DeviceBuffer;
-
-#define DSMLA_SKIP_WITHOUT_GPU()                                                              \
-  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
 
 struct ConvertShape {
   int topk;

@@ -25,9 +25,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-#define DSMLA_SKIP_WITHOUT_GPU()                                                              \
-  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
-
 struct FormatCase {
   CacheFormat format;
   float k_scale;

@@ -18,21 +18,13 @@
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
+#include "support/test_support.hpp"
 
 namespace dsmla::cuda {
 namespace {
 
 constexpr std::uint16_t kPoisonBf16 = 0xFFFF;     // a NaN
 constexpr std::uint32_t kPoisonLse = 0xFFFFFFFFu;  // a NaN
-
-bool gpu_visible() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
 
 #define ASSERT_CUDA(x)                                                   \
   do {                                                                   \
@@ -143,7 +135,7 @@ Reference reference(const DenseRequest& r, int h, int H, const std::vector<std::
 class DenseMhaGpuTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
-  if (!gpu_visible()) GTEST_SKIP() << "no CUDA device visible: the dense MHA kernel test needs a GPU";
+  DSMLA_SKIP_WITHOUT_GPU();
   const int H = GetParam();
   const Batch batch = mixed_batch();
   const float scale = static_cast<float>(default_softmax_scale());

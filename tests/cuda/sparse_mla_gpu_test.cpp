@@ -24,6 +24,7 @@
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
+#include "support/test_support.hpp"
 
 namespace dsmla::cuda {
 namespace {
@@ -31,18 +32,6 @@ namespace {
 constexpr std::uint16_t kPoisonBf16 = 0xFFFF;     // a NaN
 constexpr std::uint32_t kPoisonLse = 0xFFFFFFFFu;  // a NaN
 constexpr std::size_t kGuardRows = 3;              // poisoned rows before and after each output
-
-bool gpu_visible() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!gpu_visible()) GTEST_SKIP() << "no CUDA device visible: sparse MLA GPU test skipped"
 
 struct Variant {
   CacheFormat format;
@@ -333,7 +322,7 @@ using FewTokenParam = std::tuple<int, int, int>;  // heads, topk, variant index
 class SparseMlaFewTokens : public ::testing::TestWithParam<FewTokenParam> {};
 
 TEST_P(SparseMlaFewTokens, MatchesReference) {
-  SKIP_WITHOUT_GPU();
+  DSMLA_SKIP_WITHOUT_GPU();
   const auto [heads, topk, vi] = GetParam();
   std::vector<int> counts;
   std::vector<double> holes;
@@ -363,7 +352,7 @@ using ManyTokenParam = std::tuple<int, int>;  // heads, variant index
 class SparseMlaManyTokens : public ::testing::TestWithParam<ManyTokenParam> {};
 
 TEST_P(SparseMlaManyTokens, MatchesReference) {
-  SKIP_WITHOUT_GPU();
+  DSMLA_SKIP_WITHOUT_GPU();
   const auto [heads, vi] = GetParam();
   constexpr int kTopk = 320;
   int sm_count = 0;
@@ -394,7 +383,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaManyTokens,
 // ---------------------------------------------------------------- contract
 
 TEST(SparseMlaContract, SplitNeedsWorkspace) {
-  SKIP_WITHOUT_GPU();
+  DSMLA_SKIP_WITHOUT_GPU();
   // One decode token over a long top-k cannot fill the GPU: the range is split.
   EXPECT_GT(sparse_mla_workspace_bytes(1, 128, 2048), 0u);
   SparseMlaParams p;
@@ -412,7 +401,7 @@ TEST(SparseMlaContract, SplitNeedsWorkspace) {
 }
 
 TEST(SparseMlaContract, RejectsBadHeads) {
-  SKIP_WITHOUT_GPU();
+  DSMLA_SKIP_WITHOUT_GPU();
   SparseMlaParams p;
   p.num_tokens = 1;
   p.num_heads = 24;
@@ -423,7 +412,7 @@ TEST(SparseMlaContract, RejectsBadHeads) {
 }
 
 TEST(SparseMlaContract, ZeroTokensIsANoOp) {
-  SKIP_WITHOUT_GPU();
+  DSMLA_SKIP_WITHOUT_GPU();
   SparseMlaParams p;
   p.num_tokens = 0;
   p.num_heads = 64;

@@ -17,6 +17,11 @@
 #include "dsmla/plan.hpp"
 #include "dsmla/types.hpp"
 
+// First statement of every `gpu` test: a clear skip on a machine with no visible GPU
+// (CI), so the suite stays green there.
+#define DSMLA_SKIP_WITHOUT_GPU() \
+  if (!::dsmla::cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
+
 namespace dsmla::test {
 
 // True when DSMLA_TEST_SCALE=small (the sanitizer CI run): big tests shrink.
