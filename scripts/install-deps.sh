@@ -19,7 +19,10 @@ for p in "${PACKAGES[@]}"; do
   have=$(dpkg-query -W -f='${Version}' "$name" 2>/dev/null || true)
   [ "$have" = "$want" ] || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && { echo "install-deps: all pinned packages present"; exit 0; }
+cutlass() {  # CUTLASS/CuTe headers for the CUDA kernels (only where nvcc can build them)
+  if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then "$(dirname "$0")/install-cutlass.sh"; fi
+}
+[ ${#missing[@]} -eq 0 ] && { echo "install-deps: all pinned packages present"; cutlass; exit 0; }
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -30,3 +33,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades "${missing[@]}"
+cutlass

@@ -72,16 +72,14 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/sparse_mla/kernel_args.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 
 namespace dsmla::cuda::sparse_mla_detail {
 
 inline constexpr int kThreads = 256;
-inline constexpr int kHeadsPerCta = 64;
-inline constexpr int kTileKeys = 64;
 inline constexpr int kKeyDim = kLatentKeyDim;      // 576
-inline constexpr int kValueDim = kLatentDim;       // 512
 inline constexpr int kRowChunks = kKeyDim * 2 / 16;  // 72 chunks of 16 B per Q / K row
 inline constexpr int kDimBlockBytes = 64 * 128;    // one 64-dim block of a 64-row tile
 
@@ -95,18 +93,6 @@ inline constexpr int kSmemSlots = kSmemRed + 2 * kHeadsPerCta * 4;
 inline constexpr int kSmemUsed = kSmemSlots + 3 * kTileKeys * 4;
 inline constexpr int kSmemAlign = 1024;  // 128-byte swizzle atoms must be 1024-byte aligned
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
-
-struct KernelArgs {
-  SparseMlaParams p;
-  int split_keys = 0;          // top-k positions per split, a multiple of kTileKeys
-  int num_splits = 1;
-  float* part_lse = nullptr;   // [num_splits, num_tokens, num_heads] (num_splits > 1)
-  float* part_o = nullptr;     // [num_splits, num_tokens, num_heads, 512]
-};
-
-// Launches the attention kernel for one cache format (one format per .cu file).
-template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------- PTX helpers
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One kernel iteration on the GPU machine (device tool, carry [".deps", ".anchors"]):
+# builds the CUDA tests and the CLI (Ninja, 16 jobs, sm_90a), runs the GPU tests
+# matching FILTER, the kernel bench harness and the anchors of ../shared/anchors
+# (copied into .anchors/) in the same call. Logs go flat into $OUT:
+#   env.txt (date, commit, GPU, ptxas summary), build.log, tests.log,
+#   harness.log, anchors.json / anchors.md, sass.txt (wgmma/barrier counts).
+# Usage: scripts/gpu-iterate.sh [GTEST_FILTER] [HARNESS_ARGS...]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+out=${OUT:-$root/out}; mkdir -p "$out"
+filter=${1:-'Sparse*'}; shift || true
+{ date -u; echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' + local changes')"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1; } >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+echo "== build"
+DSMLA_JOBS=16 scripts/build.sh build-gpu -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >"$out/build.log" 2>&1 \
+  || { tail -40 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
+grep -E "C75|spill|registers" "$out/build.log" | sort | uniq -c | head -30 >>"$out/env.txt"
+status=0
+echo "== gpu tests ($filter)"
+for t in build-gpu/tests/test_gpu_*; do
+  "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
+done
+tail -5 "$out/tests.log"
+echo "== kernel harness"
+nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc \
+  -isystem .deps/cutlass/include bench/sparse_mla_kernel_bench.cu src/cuda/sparse_mla/*.cu src/format/*.cpp \
+  -o /tmp/sparse_mla_bench >>"$out/build.log" 2>&1 || { echo "HARNESS BUILD FAILED"; status=1; }
+[ -x /tmp/sparse_mla_bench ] && /tmp/sparse_mla_bench "$@" >"$out/harness.log" 2>&1 || status=1
+grep -E "^\||MISMATCH|FAIL" "$out/harness.log" | head -40
+echo "== anchors"
+A=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/dev/null 2>&1
+PYTHONPATH=$A python3 .anchors/anchors_bench.py --json "$out/anchors.json" --md "$out/anchors.md" >/dev/null 2>&1 || echo "ANCHORS FAILED"
+cat "$out/anchors.md" 2>/dev/null | head -40
+obj=$(find build-gpu -name 'head_rows.cu.o' | head -1)
+[ -n "$obj" ] && cuobjdump -sass "$obj" | grep -oE "HGMMA[.A-Z0-9x]*|WARPGROUP\.[A-Z]+[^;]*|DEPBAR[^;]*|SYNCS[.A-Z]*" | sort | uniq -c >"$out/sass.txt"
+exit $status

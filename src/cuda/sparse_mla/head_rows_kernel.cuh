@@ -1,0 +1,427 @@
+// The warp-specialised heads-as-rows sparse MLA kernel (bf16 cache, H a
+// multiple of 64); the design is described in head_rows_layout.cuh.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/common/pipeline.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/common/wgmma.cuh"
+#include "cuda/sparse_mla/head_rows_layout.cuh"
+#include "cuda/sparse_mla/kernel_args.hpp"
+
+namespace dsmla::cuda::sparse_mla_detail::head_rows {
+
+namespace pl = dsmla::cuda::pipeline;
+namespace mma = dsmla::cuda::wgmma;
+namespace sm = dsmla::cuda::softmax;
+
+// What every role of a CTA knows about its work.
+struct CtaWork {
+  const SparseMlaParams* p;
+  const KernelArgs* args;
+  int token, head0, heads, split;
+  int key_begin, key_end;  // top-k positions of this split (the valid ones)
+  int rounds;              // rounds of two key blocks
+  const std::int32_t* slot_row;
+
+  __device__ CtaWork(const KernelArgs& a) : p(&a.p), args(&a) {
+    const KernelArgs& args = a;
+    token = blockIdx.x;
+    head0 = blockIdx.y * kRows;
+    heads = min(kRows, p->num_heads - head0);
+    split = blockIdx.z;
+    const int count = min(max(p->valid_counts[token], 0), p->topk);
+    key_begin = split * args.split_keys;
+    key_end = min(key_begin + args.split_keys, count);
+    const int blocks = key_end > key_begin ? (key_end - key_begin + kBlockKeys - 1) / kBlockKeys : 0;
+    rounds = (blocks + 1) / 2;
+    slot_row = p->slots + static_cast<std::int64_t>(token) * p->topk;
+  }
+  // Slot of key `key` of block `block`, or -1 when it is past the valid range or outside the cache.
+  __device__ __forceinline__ std::int32_t slot(int block, int key) const {
+    const int idx = key_begin + block * kBlockKeys + key;
+    if (idx >= key_end) return -1;
+    const std::int32_t s = __ldg(slot_row + idx);
+    return s >= 0 && s < p->num_slots ? s : -1;
+  }
+};
+
+struct Barriers {
+  pl::Mbarrier* base;
+  __device__ pl::Mbarrier* q_full() const { return base; }
+  __device__ pl::Mbarrier* full(int buffer, int half) const { return base + 1 + 2 * buffer + half; }
+  __device__ pl::Mbarrier* empty(int buffer, int half) const { return base + 5 + 2 * buffer + half; }
+};
+
+// ---------------------------------------------------------------- producer
+
+// 128 threads; thread t copies chunk t % 8 of every 64-dim block of rows
+// t / 8 + 16 i (i < 4): eight threads read one row's 128 contiguous bytes.
+__device__ __forceinline__ void produce(const CtaWork& w, const Barriers& bars, std::uint8_t* smem) {
+  const int t = threadIdx.x - kConsumerThreads;
+  const int group = t >> 3;
+  const int c8 = t & 7;
+  const SparseMlaParams& p = *w.p;
+
+  const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = group + 16 * i;
+    const bool ok = row < w.heads;
+#pragma unroll
+    for (int d = 0; d < kDimBlocks; ++d)
+      pl::copy_16(smem + kSmemQ + tile_offset(row, 8 * d + c8), q_cta + (ok ? row * kKeyDim + 64 * d + 8 * c8 : 0),
+                  ok);
+  }
+  pl::arrive_on_copies(bars.q_full());
+
+  std::int32_t slots[2][4], next[2][4];
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) slots[b][i] = w.slot(b, group + 16 * i);
+
+  auto gather = [&](int round, int b, int half) {
+    pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+    std::uint8_t* buf = smem + kSmemK + b * kTileBytes;
+    const int d0 = half == kLo ? 0 : kLoBlocks;
+    const int d1 = half == kLo ? kLoBlocks : kDimBlocks;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = group + 16 * i;
+      const std::int32_t s = slots[b][i];
+      const std::uint8_t* src = p.kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
+#pragma unroll
+      for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
+    }
+    pl::arrive_on_copies(bars.full(b, half));
+  };
+
+  for (int r = 0; r < w.rounds; ++r) {
+    const bool more = r + 1 < w.rounds;
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) next[b][i] = more ? w.slot(2 * (r + 1) + b, group + 16 * i) : -1;
+    // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
+    gather(r, 0, kLo);
+    gather(r, 1, kHi);
+    gather(r, 0, kHi);
+    gather(r, 1, kLo);
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) slots[b][i] = next[b][i];
+  }
+}
+
+// ---------------------------------------------------------------- consumers
+
+template <int kWg>
+struct Consumer {
+  static constexpr int kOther = 1 - kWg;
+  static constexpr int kFirst = kWg == 0 ? kLo : kHi;  // half of its buffer S reads first
+  static constexpr int kSecond = 1 - kFirst;
+
+  const CtaWork& w;
+  const Barriers& bars;
+  std::uint8_t* smem;
+  std::uint32_t s_base;  // shared-window address of smem
+  int tid, warp, g, tq;
+
+  float o[128];       // O[rows][256 kWg + col], wgmma accumulator order
+  float s[32];        // S, then P, of this round's own block
+  float m_run[2];     // running max (log2 domain) of rows r0, r0 + 8
+  float l_part[2];    // this thread's part of the row sums
+
+  __device__ Consumer(const CtaWork& work, const Barriers& b, std::uint8_t* sm)
+      : w(work), bars(b), smem(sm), s_base(pl::smem_addr(sm)) {
+    tid = threadIdx.x & 127;
+    warp = tid >> 5;
+    g = (tid & 31) >> 2;
+    tq = tid & 3;
+  }
+  __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }
+
+  // Issues the S k-steps of one half of the own buffer (after it has landed).
+  __device__ __forceinline__ void issue_s_half(int round, int half) {
+    pl::wait(bars.full(kWg, half), round & 1);
+    mma::fence();
+    const std::uint32_t q = s_base + kSmemQ;
+    const std::uint32_t k = s_base + kSmemK + kWg * kTileBytes;
+    const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
+    const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
+#pragma unroll
+    for (int ks = ks0; ks < ks1; ++ks) {
+      const std::uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+      mma::mma_ss<mma::SS_64x64_KK>(mma::desc_k_major(q + off), mma::desc_k_major(k + off), s,
+                                    !(half == kFirst && ks == ks0));
+    }
+  }
+
+  // Bit 2 nt + e: key 8 nt + 2 tq + e of block `block` is valid.
+  __device__ __forceinline__ std::uint32_t valid_keys(int block) const {
+    std::uint32_t mask = 0;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) mask |= (w.slot(block, 8 * nt + 2 * tq + e) >= 0 ? 1u : 0u) << (2 * nt + e);
+    return mask;
+  }
+
+  // Masks and scales S into the log2 domain; returns this thread's row maxima.
+  __device__ __forceinline__ void mask_scale(std::uint32_t valid, float scale_log2, float (&mx)[2]) {
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = (valid >> (2 * nt + (e & 1))) & 1u;
+        const float v = ok ? s[4 * nt + e] * scale_log2 : -INFINITY;
+        s[4 * nt + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    mx[0] = sm::quad_max(mx[0]);
+    mx[1] = sm::quad_max(mx[1]);
+  }
+
+  // P = exp2(S - m_new), O and the row sums rescaled from m_run to m_new.
+  __device__ __forceinline__ void softmax_to(const float (&m_new)[2]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float sub = sm::subtrahend(m_new[hi]);
+      const float alpha = sm::exp2_approx(m_run[hi] - sub);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 2 * hi] *= alpha;
+        o[4 * j + 2 * hi + 1] *= alpha;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = sm::exp2_approx(s[4 * nt + 2 * hi + e] - sub);
+          s[4 * nt + 2 * hi + e] = pv;
+          sum += pv;
+        }
+      l_part[hi] = l_part[hi] * alpha + sum;
+      m_run[hi] = m_new[hi];
+    }
+  }
+
+  // The RS A fragments of P (16 keys per k-step) in bf16.
+  __device__ __forceinline__ void p_fragments(std::uint32_t (&a)[4][4]) const {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[ks][i] = sm::pack_bf16x2(s[8 * ks + 2 * i], s[8 * ks + 2 * i + 1]);
+  }
+
+  // P * factor as bf16 into a [64][64] swizzled block at smem offset `dst`.
+  __device__ __forceinline__ void store_p(int dst, float factor0, float factor1) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = row(hi);
+      const float f = hi ? factor1 : factor0;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const std::uint32_t v = sm::pack_bf16x2(s[4 * nt + 2 * hi] * f, s[4 * nt + 2 * hi + 1] * f);
+        *reinterpret_cast<std::uint32_t*>(smem + dst + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * tq) = v;
+      }
+    }
+    pl::fence_smem_for_mma();
+  }
+
+  // O += P V over the value columns of this warpgroup in buffer `b`.
+  __device__ __forceinline__ void issue_pv_registers(const std::uint32_t (&a)[4][4], int b) {
+    const std::uint32_t v = s_base + kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      mma::mma_rs<mma::RS_64x256_KMN>(a[ks], mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes), o);
+  }
+  __device__ __forceinline__ void issue_pv_smem(int p_offset, int b) {
+    const std::uint32_t v = s_base + kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes;
+    const std::uint32_t pa = s_base + p_offset;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      mma::mma_ss<mma::SS_64x256_KMN>(mma::desc_k_major(pa + ks * 32), mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes),
+                                      o);
+  }
+
+  __device__ __forceinline__ void run() {
+    const SparseMlaParams& p = *w.p;
+    const float scale_log2 = p.softmax_scale * sm::kLog2e;
+    float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2][64]
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_part[0] = l_part[1] = 0.f;
+    if (w.rounds > 0) pl::wait(bars.q_full(), 0);
+
+    for (int r = 0; r < w.rounds; ++r) {
+      const int own_block = 2 * r + kWg;
+      const std::uint32_t valid = valid_keys(own_block);
+
+      // ---- S = Q K_own^T, each half as soon as it has landed
+      issue_s_half(r, kFirst);
+      issue_s_half(r, kSecond);
+      mma::commit();
+      mma::wait<0>();
+      mma::fence_operands(s);
+      if constexpr (kWg == 0) pl::arrive(bars.empty(0, kHi));  // S_0 was its last read of buffer 0 hi
+      else pl::arrive(bars.empty(1, kLo));                      // S_1 was its last read of buffer 1 lo
+
+      // ---- one running max for both warpgroups
+      float mx[2], m_new[2];
+      mask_scale(valid, scale_log2, mx);
+      if constexpr (kWg == 0) {
+        m_new[0] = fmaxf(m_run[0], mx[0]);
+        m_new[1] = fmaxf(m_run[1], mx[1]);
+        if (tq == 0) {
+          max_pub[row(0)] = m_new[0];
+          max_pub[row(1)] = m_new[1];
+        }
+        pl::named_arrive(kConsumerThreads, kMax0Ready);
+      } else {
+        pl::named_sync(kConsumerThreads, kMax0Ready);
+        m_new[0] = fmaxf(max_pub[row(0)], mx[0]);
+        m_new[1] = fmaxf(max_pub[row(1)], mx[1]);
+        if (tq == 0) {
+          max_pub[kRows + row(0)] = m_new[0];
+          max_pub[kRows + row(1)] = m_new[1];
+        }
+        pl::named_arrive(kConsumerThreads, kMax1Ready);
+      }
+      softmax_to(m_new);
+
+      // ---- O += P_own V_own (registers), share P_own, O += P_other V_other (smem)
+      std::uint32_t a[4][4];
+      p_fragments(a);
+      mma::fence_operands(o);
+      mma::fence();
+      issue_pv_registers(a, kWg);
+      mma::commit();
+      if constexpr (kWg == 0) {
+        pl::named_sync(kConsumerThreads, kMax1Ready);
+        float factor[2], m_final[2];
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          m_final[hi] = max_pub[kRows + row(hi)];
+          factor[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_final[hi]));
+        }
+        store_p(kSmemP0, factor[0], factor[1]);
+        pl::named_arrive(kConsumerThreads, kP0Ready);
+        mma::wait<0>();
+        mma::fence_operands(o);
+        pl::arrive(bars.empty(0, kLo));
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[4 * j + 2 * hi] *= factor[hi];
+            o[4 * j + 2 * hi + 1] *= factor[hi];
+          }
+          l_part[hi] *= factor[hi];
+          m_run[hi] = m_final[hi];
+        }
+        pl::named_sync(kConsumerThreads, kP1Ready);
+        mma::fence();
+        issue_pv_smem(kSmemP1, 1);
+        mma::commit();
+        mma::wait<0>();
+        pl::arrive(bars.empty(1, kLo));
+      } else {
+        store_p(kSmemP1, 1.f, 1.f);
+        pl::named_arrive(kConsumerThreads, kP1Ready);
+        pl::named_sync(kConsumerThreads, kP0Ready);
+        mma::fence();
+        issue_pv_smem(kSmemP0, 0);
+        mma::commit();
+        mma::wait<0>();
+        pl::arrive(bars.empty(1, kHi));
+        pl::arrive(bars.empty(0, kHi));
+      }
+      // Waiting here rather than at the next S keeps ptxas from serialising
+      // every wgmma (C7514); the other warpgroup keeps the tensor cores busy.
+      mma::fence_operands(o);
+    }
+    epilogue();
+  }
+
+  __device__ __forceinline__ void epilogue() {
+    const SparseMlaParams& p = *w.p;
+    float* sums = reinterpret_cast<float*>(smem + kSmemSum);  // [2][64]
+    float l_wg[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      l_wg[hi] = sm::quad_sum(l_part[hi]);
+      if (tq == 0) sums[kWg * kRows + row(hi)] = l_wg[hi];
+    }
+    pl::named_sync(kConsumerThreads, kSumsReady);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = row(hi);
+      if (r >= w.heads) continue;
+      const float l = sums[r] + sums[kRows + r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * sm::kLn2 : -INFINITY;
+      const int head = w.head0 + r;
+      const int col0 = 256 * kWg + 2 * tq;
+      if (w.args->num_splits > 1) {  // fp32 partial results for the combine kernel
+        const std::int64_t out_row =
+            (static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + head;
+        float* dst = w.args->part_o + out_row * 512 + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
+        if (kWg == 0 && tq == 0) w.args->part_lse[out_row] = lse;
+      } else {
+        const std::int64_t out_row = static_cast<std::int64_t>(w.token) * p.num_heads + head;
+        __nv_bfloat16* dst = p.o_lat + out_row * 512 + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<std::uint32_t*>(dst + 8 * j) =
+              sm::pack_bf16x2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
+        if (kWg == 0 && tq == 0 && p.lse != nullptr) {
+          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
+          p.lse[lse_row * p.num_heads + head] = lse;
+        }
+      }
+    }
+  }
+};
+
+__global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
+  extern __shared__ __align__(1024) std::uint8_t smem_raw[];
+  // The runtime aligns dynamic smem to 16 B only; round up to the swizzle atom.
+  const std::uint32_t raw = pl::smem_addr(smem_raw);
+  std::uint8_t* smem = smem_raw + ((kSmemAlign - (raw & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
+  if (threadIdx.x == 0) {
+    pl::init(bars.q_full(), 128);
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h) {
+        pl::init(bars.full(b, h), 128);
+        pl::init(bars.empty(b, h), empty_arrivals(b, h));
+      }
+    pl::fence_init();
+  }
+  __syncthreads();
+  const CtaWork work(args);
+  const int wg = threadIdx.x / 128;
+  if (wg == 2) {
+    pl::shrink_registers<kProducerRegs>();
+    produce(work, bars, smem);
+  } else if (wg == 0) {
+    pl::grow_registers<kConsumerRegs>();
+    Consumer<0>(work, bars, smem).run();
+  } else {
+    pl::grow_registers<kConsumerRegs>();
+    Consumer<1>(work, bars, smem).run();
+  }
+}
+
+}  // namespace dsmla::cuda::sparse_mla_detail::head_rows

@@ -1,0 +1,66 @@
+// Shapes, shared-memory plan and barrier roles of the warp-specialised
+// heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), for H a multiple of 64.
+//
+// Work split: one CTA per (token, 64 heads, split of the top-k range), three
+// warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
+// the bf16 cache into two key buffers with cp.async; each buffer holds one
+// block of 64 keys x 576 dims. Consumer warpgroup w (0, 1) computes S = Q K^T
+// for the blocks of buffer w (all 64 heads x 64 keys, m64n64k16: a 64-wide N
+// keeps the shared-memory reads of Q below the tensor-core time), and
+// accumulates O[:, 256w, +256) over both blocks of a round:
+//   O_w += P_w V_w[:, cols of w]        A = P_w from registers (RS)
+//   O_w += P_o V_o[:, cols of w]        A = P of the other warpgroup, from smem
+// The two warpgroups agree on one running maximum per round: warpgroup 0
+// publishes max(m, rowmax S_0), warpgroup 1 publishes the max of that and
+// rowmax S_1, and warpgroup 0 rescales its P_0 (already used for its own half)
+// before publishing it. Row sums stay per warpgroup until the epilogue.
+#pragma once
+#include <cstdint>
+
+namespace dsmla::cuda::sparse_mla_detail::head_rows {
+
+inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
+inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+inline constexpr int kConsumerRegs = 232;                // setmaxnreg budgets: 2 x 128 x 232
+inline constexpr int kProducerRegs = 40;                 //   + 128 x 40 <= 65536
+inline constexpr int kRows = 64;                         // heads per CTA (wgmma M)
+inline constexpr int kBlockKeys = 64;
+inline constexpr int kKeyDim = 576;
+inline constexpr int kDimBlocks = kKeyDim / 64;  // 9 blocks of 64 dims, the last is the rope part
+inline constexpr int kBlockBytes = 64 * 128;     // one [64 rows][64 bf16] swizzled block
+inline constexpr int kTileBytes = kDimBlocks * kBlockBytes;  // one Q / key tile: 73,728 B
+inline constexpr int kLoBlocks = 4;  // dims [0, 256): the value columns of warpgroup 0
+
+// A key buffer is filled in two halves with their own barriers: lo = dim
+// blocks [0, 4), hi = [4, 9). Readers of each half per round:
+//   buffer 0 lo: warpgroup 0 (S_0, then P_0 V_0)     -> empty count 128
+//   buffer 0 hi: warpgroup 0 (S_0), warpgroup 1 (P_0 V_0, and P_0 itself,
+//                which is written into the rope block once S_0 is done) -> 256
+//   buffer 1 lo: warpgroup 1 (S_1), warpgroup 0 (P_1 V_1)               -> 256
+//   buffer 1 hi: warpgroup 1 (S_1, then P_1 V_1)      -> 128
+enum Half : int { kLo = 0, kHi = 1 };
+__host__ __device__ constexpr int empty_arrivals(int buffer, int half) { return buffer == half ? 128 : 256; }
+
+// Named barriers between the consumer warpgroups (ids for pipeline::named_*).
+enum NamedBarrier : int { kMax0Ready = 0, kMax1Ready = 1, kP0Ready = 2, kP1Ready = 3, kSumsReady = 4 };
+
+// Byte offsets from a 1024-byte aligned base (swizzle atoms need it).
+inline constexpr int kSmemQ = 0;
+inline constexpr int kSmemK = kSmemQ + kTileBytes;                 // [2] key buffers
+inline constexpr int kSmemP0 = kSmemK + (kDimBlocks - 1) * kBlockBytes;  // in buffer 0's rope block
+inline constexpr int kSmemP1 = kSmemK + 2 * kTileBytes;
+inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: published row maxima
+inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2][64]: row sums per warpgroup
+inline constexpr int kSmemBars = kSmemSum + 2 * kRows * 4;  // q_full, full[2][2], empty[2][2]
+inline constexpr int kNumBars = 9;
+inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
+inline constexpr int kSmemAlign = 1024;
+inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
+static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");
+
+// Offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) in a Q / key tile.
+__host__ __device__ constexpr std::uint32_t tile_offset(int row, int chunk) {
+  return static_cast<std::uint32_t>((chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+}  // namespace dsmla::cuda::sparse_mla_detail::head_rows
