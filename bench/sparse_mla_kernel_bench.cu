@@ -339,7 +339,11 @@ int main(int argc, char** argv) {
     cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 1024, 2048, 2460));
     cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 128, 16384, 1024, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 4096, 2048, 12620));
+    cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 2048, 2048, 8900));
+    cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 512, 2048, 3180));
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 256, 2048, 2370));
+    cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 4096, 2048, 6260));
+    cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 256, 2048, 1210));
     cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, 1024, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, 1024, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 16, 8192, 2048, 65.4));

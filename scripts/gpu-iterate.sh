@@ -9,7 +9,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 out=${OUT:-$root/out}; mkdir -p "$out"
-filter=${1:-'Sparse*'}; shift || true
+filter=${1:-'*Sparse*'}; shift || true
 { date -u; echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' + local changes')"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1; } >"$out/env.txt" 2>&1
 cat "$out/env.txt"
@@ -20,14 +20,15 @@ grep -E "C75|spill|registers" "$out/build.log" | sort | uniq -c | head -30 >>"$o
 status=0
 echo "== gpu tests ($filter)"
 for t in build-gpu/tests/test_gpu_*; do
-  "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
+  [ -x "$t" ] && [ "${t%.cmake}" = "$t" ] || continue
+  timeout 240 "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
 done
 tail -5 "$out/tests.log"
 echo "== kernel harness"
 nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc \
   -isystem .deps/cutlass/include bench/sparse_mla_kernel_bench.cu src/cuda/sparse_mla/*.cu src/format/*.cpp \
   -o /tmp/sparse_mla_bench >>"$out/build.log" 2>&1 || { echo "HARNESS BUILD FAILED"; status=1; }
-[ -x /tmp/sparse_mla_bench ] && /tmp/sparse_mla_bench "$@" >"$out/harness.log" 2>&1 || status=1
+[ -x /tmp/sparse_mla_bench ] && timeout 150 /tmp/sparse_mla_bench "$@" >"$out/harness.log" 2>&1 || status=1
 grep -E "^\||MISMATCH|FAIL" "$out/harness.log" | head -40
 echo "== anchors"
 A=$(mktemp -d)

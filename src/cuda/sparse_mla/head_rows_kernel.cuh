@@ -17,8 +17,10 @@ namespace pl = dsmla::cuda::pipeline;
 namespace mma = dsmla::cuda::wgmma;
 namespace sm = dsmla::cuda::softmax;
 
-// What every role of a CTA knows about its work.
-struct CtaWork {
+// One work item: a token, a block of 64 heads and a split of its top-k range.
+// Items are numbered token-major, so the head blocks of a token (which read
+// the same keys) run at about the same time on neighbouring CTAs.
+struct WorkItem {
   const SparseMlaParams* p;
   const KernelArgs* args;
   int token, head0, heads, split;
@@ -26,15 +28,17 @@ struct CtaWork {
   int rounds;              // rounds of two key blocks
   const std::int32_t* slot_row;
 
-  __device__ CtaWork(const KernelArgs& a) : p(&a.p), args(&a) {
-    const KernelArgs& args = a;
-    token = blockIdx.x;
-    head0 = blockIdx.y * kRows;
+  WorkItem() = default;
+  __device__ WorkItem(const KernelArgs& a, int item) : p(&a.p), args(&a) {
+    const int head_blocks = p->num_heads / kRows;
+    split = item % a.num_splits;
+    const int token_block = item / a.num_splits;
+    token = token_block / head_blocks;
+    head0 = (token_block % head_blocks) * kRows;
     heads = min(kRows, p->num_heads - head0);
-    split = blockIdx.z;
     const int count = min(max(p->valid_counts[token], 0), p->topk);
-    key_begin = split * args.split_keys;
-    key_end = min(key_begin + args.split_keys, count);
+    key_begin = split * a.split_keys;
+    key_end = min(key_begin + a.split_keys, count);
     const int blocks = key_end > key_begin ? (key_end - key_begin + kBlockKeys - 1) / kBlockKeys : 0;
     rounds = (blocks + 1) / 2;
     slot_row = p->slots + static_cast<std::int64_t>(token) * p->topk;
@@ -48,72 +52,89 @@ struct CtaWork {
   }
 };
 
+inline __device__ int num_items(const KernelArgs& a) {
+  return a.p.num_tokens * (a.p.num_heads / kRows) * a.num_splits;
+}
+
+// Barrier phases run on across items: every round uses each key barrier once,
+// every item with at least one round uses the query barriers once.
 struct Barriers {
   pl::Mbarrier* base;
   __device__ pl::Mbarrier* q_full() const { return base; }
-  __device__ pl::Mbarrier* full(int buffer, int half) const { return base + 1 + 2 * buffer + half; }
-  __device__ pl::Mbarrier* empty(int buffer, int half) const { return base + 5 + 2 * buffer + half; }
+  __device__ pl::Mbarrier* q_empty() const { return base + 1; }
+  __device__ pl::Mbarrier* full(int buffer, int half) const { return base + 2 + 2 * buffer + half; }
+  __device__ pl::Mbarrier* empty(int buffer, int half) const { return base + 6 + 2 * buffer + half; }
 };
 
 // ---------------------------------------------------------------- producer
 
 // 128 threads; thread t copies chunk t % 8 of every 64-dim block of rows
 // t / 8 + 16 i (i < 4): eight threads read one row's 128 contiguous bytes.
-__device__ __forceinline__ void produce(const CtaWork& w, const Barriers& bars, std::uint8_t* smem) {
+// It runs ahead of the consumers across items: the query of the next item
+// loads as soon as the last S of the current one is done.
+__device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
   const int t = threadIdx.x - kConsumerThreads;
   const int group = t >> 3;
   const int c8 = t & 7;
-  const SparseMlaParams& p = *w.p;
+  const SparseMlaParams& p = args.p;
+  int round = 0;   // rounds so far, over all items of this CTA
+  int q_loads = 0;  // queries loaded so far
 
-  const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
+  for (int item = blockIdx.x; item < num_items(args); item += gridDim.x) {
+    const WorkItem w(args, item);
+    if (w.rounds == 0) continue;
+    std::int32_t slots[2][4], next[2][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = group + 16 * i;
-    const bool ok = row < w.heads;
+    for (int b = 0; b < 2; ++b)
 #pragma unroll
-    for (int d = 0; d < kDimBlocks; ++d)
-      pl::copy_16(smem + kSmemQ + tile_offset(row, 8 * d + c8), q_cta + (ok ? row * kKeyDim + 64 * d + 8 * c8 : 0),
-                  ok);
-  }
-  pl::arrive_on_copies(bars.q_full());
+      for (int i = 0; i < 4; ++i) slots[b][i] = w.slot(b, group + 16 * i);
 
-  std::int32_t slots[2][4], next[2][4];
-#pragma unroll
-  for (int b = 0; b < 2; ++b)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) slots[b][i] = w.slot(b, group + 16 * i);
-
-  auto gather = [&](int round, int b, int half) {
-    pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-    std::uint8_t* buf = smem + kSmemK + b * kTileBytes;
-    const int d0 = half == kLo ? 0 : kLoBlocks;
-    const int d1 = half == kLo ? kLoBlocks : kDimBlocks;
+    pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
+    const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = group + 16 * i;
-      const std::int32_t s = slots[b][i];
-      const std::uint8_t* src = p.kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
+      const bool ok = row < w.heads;
 #pragma unroll
-      for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
+      for (int d = 0; d < kDimBlocks; ++d)
+        pl::copy_16(smem + kSmemQ + tile_offset(row, 8 * d + c8),
+                    q_cta + (ok ? row * kKeyDim + 64 * d + 8 * c8 : 0), ok);
     }
-    pl::arrive_on_copies(bars.full(b, half));
-  };
+    pl::arrive_on_copies(bars.q_full());
+    ++q_loads;
 
-  for (int r = 0; r < w.rounds; ++r) {
-    const bool more = r + 1 < w.rounds;
+    auto gather = [&](int b, int half) {
+      pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+      std::uint8_t* buf = smem + kSmemK + b * kTileBytes;
+      const int d0 = half == kLo ? 0 : kLoBlocks;
+      const int d1 = half == kLo ? kLoBlocks : kDimBlocks;
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
+      for (int i = 0; i < 4; ++i) {
+        const int row = group + 16 * i;
+        const std::int32_t s = slots[b][i];
+        const std::uint8_t* src = p.kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) next[b][i] = more ? w.slot(2 * (r + 1) + b, group + 16 * i) : -1;
-    // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
-    gather(r, 0, kLo);
-    gather(r, 1, kHi);
-    gather(r, 0, kHi);
-    gather(r, 1, kLo);
+        for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
+      }
+      pl::arrive_on_copies(bars.full(b, half));
+    };
+
+    for (int r = 0; r < w.rounds; ++r, ++round) {
+      const bool more = r + 1 < w.rounds;
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
+      for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) slots[b][i] = next[b][i];
+        for (int i = 0; i < 4; ++i) next[b][i] = more ? w.slot(2 * (r + 1) + b, group + 16 * i) : -1;
+      // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
+      gather(0, kLo);
+      gather(1, kHi);
+      gather(0, kHi);
+      gather(1, kLo);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) slots[b][i] = next[b][i];
+    }
   }
 }
 
@@ -125,7 +146,7 @@ struct Consumer {
   static constexpr int kFirst = kWg == 0 ? kLo : kHi;  // half of its buffer S reads first
   static constexpr int kSecond = 1 - kFirst;
 
-  const CtaWork& w;
+  WorkItem item;  // the item being processed
   const Barriers& bars;
   std::uint8_t* smem;
   std::uint32_t s_base;  // shared-window address of smem
@@ -136,8 +157,7 @@ struct Consumer {
   float m_run[2];     // running max (log2 domain) of rows r0, r0 + 8
   float l_part[2];    // this thread's part of the row sums
 
-  __device__ Consumer(const CtaWork& work, const Barriers& b, std::uint8_t* sm)
-      : w(work), bars(b), smem(sm), s_base(pl::smem_addr(sm)) {
+  __device__ Consumer(const Barriers& b, std::uint8_t* sm) : bars(b), smem(sm), s_base(pl::smem_addr(sm)) {
     tid = threadIdx.x & 127;
     warp = tid >> 5;
     g = (tid & 31) >> 2;
@@ -167,7 +187,7 @@ struct Consumer {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) mask |= (w.slot(block, 8 * nt + 2 * tq + e) >= 0 ? 1u : 0u) << (2 * nt + e);
+      for (int e = 0; e < 2; ++e) mask |= (item.slot(block, 8 * nt + 2 * tq + e) >= 0 ? 1u : 0u) << (2 * nt + e);
     return mask;
   }
 
@@ -251,32 +271,53 @@ struct Consumer {
                                       o);
   }
 
-  __device__ __forceinline__ void run() {
-    const SparseMlaParams& p = *w.p;
+  // All items of this CTA; `round` and `q_uses` count on across items for the barrier phases.
+  __device__ __forceinline__ void run(const KernelArgs& args) {
+    int round = 0, q_uses = 0, items_done = 0;
+    for (int i = blockIdx.x; i < num_items(args); i += gridDim.x, ++items_done) {
+      item = WorkItem(args, i);
+      process(round, q_uses);
+      epilogue(items_done & 1);
+    }
+  }
+
+  // S = Q K_own^T for round r of the item: each half as soon as it has landed.
+  // Called with nothing in flight; returns with S done.
+  __device__ __forceinline__ void compute_s(int round) {
+    issue_s_half(round, kFirst);
+    issue_s_half(round, kSecond);
+    mma::commit();
+    mma::wait<0>();
+    mma::fence_operands(s);
+  }
+
+  __device__ __forceinline__ void process(int& round, int& q_uses) {
+    const SparseMlaParams& p = *item.p;
     const float scale_log2 = p.softmax_scale * sm::kLog2e;
     float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2][64]
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = -INFINITY;
     l_part[0] = l_part[1] = 0.f;
-    if (w.rounds > 0) pl::wait(bars.q_full(), 0);
+    const int rounds = item.rounds;
+    if (rounds == 0) return;
+    pl::wait(bars.q_full(), q_uses & 1);
+    ++q_uses;
+    std::uint32_t valid = valid_keys(kWg);
+    compute_s(round);
 
-    for (int r = 0; r < w.rounds; ++r) {
-      const int own_block = 2 * r + kWg;
-      const std::uint32_t valid = valid_keys(own_block);
-
-      // ---- S = Q K_own^T, each half as soon as it has landed
-      issue_s_half(r, kFirst);
-      issue_s_half(r, kSecond);
-      mma::commit();
-      mma::wait<0>();
-      mma::fence_operands(s);
-      if constexpr (kWg == 0) pl::arrive(bars.empty(0, kHi));  // S_0 was its last read of buffer 0 hi
-      else pl::arrive(bars.empty(1, kLo));                      // S_1 was its last read of buffer 1 lo
+    for (int r = 0; r < rounds; ++r, ++round) {
+      const bool more = r + 1 < rounds;
+      // S of round r is done: its last read of one half of the own buffer, and
+      // after the item's last round, of the query.
+      if constexpr (kWg == 0) pl::arrive(bars.empty(0, kHi));
+      else pl::arrive(bars.empty(1, kLo));
+      if (!more) pl::arrive(bars.q_empty());
 
       // ---- one running max for both warpgroups
       float mx[2], m_new[2];
       mask_scale(valid, scale_log2, mx);
+      if (more) valid = valid_keys(2 * (r + 1) + kWg);  // its loads overlap what follows
       if constexpr (kWg == 0) {
         m_new[0] = fmaxf(m_run[0], mx[0]);
         m_new[1] = fmaxf(m_run[1], mx[1]);
@@ -331,8 +372,6 @@ struct Consumer {
         mma::fence();
         issue_pv_smem(kSmemP1, 1);
         mma::commit();
-        mma::wait<0>();
-        pl::arrive(bars.empty(1, kLo));
       } else {
         store_p(kSmemP1, 1.f, 1.f);
         pl::named_arrive(kConsumerThreads, kP1Ready);
@@ -340,20 +379,36 @@ struct Consumer {
         mma::fence();
         issue_pv_smem(kSmemP0, 0);
         mma::commit();
-        mma::wait<0>();
-        pl::arrive(bars.empty(1, kHi));
-        pl::arrive(bars.empty(0, kHi));
+        mma::wait<1>();
+        pl::arrive(bars.empty(1, kHi));  // P_1 V_1 done: its last read of buffer 1 hi
       }
-      // Waiting here rather than at the next S keeps ptxas from serialising
-      // every wgmma (C7514); the other warpgroup keeps the tensor cores busy.
+
+      // ---- the next S overlaps P_other V_other; the first half it reads is
+      // refilled without waiting for that product (see the producer's order).
+      const int other_half = kWg == 0 ? kLo : kHi;  // of the other buffer, read by P_other V_other
+      if (more) {
+        issue_s_half(round + 1, kFirst);
+        mma::commit();
+        mma::wait<1>();
+        pl::arrive(bars.empty(kOther, other_half));
+        issue_s_half(round + 1, kSecond);
+        mma::commit();
+        mma::wait<0>();
+        mma::fence_operands(s);
+      } else {
+        mma::wait<0>();
+        pl::arrive(bars.empty(kOther, other_half));
+      }
       mma::fence_operands(o);
     }
-    epilogue();
   }
 
-  __device__ __forceinline__ void epilogue() {
+  // Normalises and stores this warpgroup's columns of the item. The row sums
+  // of both warpgroups meet in smem, double-buffered by item parity.
+  __device__ __forceinline__ void epilogue(int parity) {
+    const WorkItem& w = item;
     const SparseMlaParams& p = *w.p;
-    float* sums = reinterpret_cast<float*>(smem + kSmemSum);  // [2][64]
+    float* sums = reinterpret_cast<float*>(smem + kSmemSum) + parity * 2 * kRows;  // [2][64]
     float l_wg[2];
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
@@ -402,6 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
     pl::init(bars.q_full(), 128);
+    pl::init(bars.q_empty(), kConsumerThreads);
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
         pl::init(bars.full(b, h), 128);
@@ -410,17 +466,16 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     pl::fence_init();
   }
   __syncthreads();
-  const CtaWork work(args);
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
     pl::shrink_registers<kProducerRegs>();
-    produce(work, bars, smem);
+    produce(args, bars, smem);
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs>();
-    Consumer<0>(work, bars, smem).run();
+    Consumer<0>(bars, smem).run(args);
   } else {
     pl::grow_registers<kConsumerRegs>();
-    Consumer<1>(work, bars, smem).run();
+    Consumer<1>(bars, smem).run(args);
   }
 }
 

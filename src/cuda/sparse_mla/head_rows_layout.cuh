@@ -1,8 +1,8 @@
 // Shapes, shared-memory plan and barrier roles of the warp-specialised
 // heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), for H a multiple of 64.
 //
-// Work split: one CTA per (token, 64 heads, split of the top-k range), three
-// warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
+// Work split: a persistent grid; a CTA takes work items (token, 64 heads,
+// split of the top-k range) round-robin and has three warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
 // the bf16 cache into two key buffers with cp.async; each buffer holds one
 // block of 64 keys x 576 dims. Consumer warpgroup w (0, 1) computes S = Q K^T
 // for the blocks of buffer w (all 64 heads x 64 keys, m64n64k16: a 64-wide N
@@ -21,8 +21,8 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
 inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-inline constexpr int kConsumerRegs = 232;                // setmaxnreg budgets: 2 x 128 x 232
-inline constexpr int kProducerRegs = 40;                 //   + 128 x 40 <= 65536
+inline constexpr int kConsumerRegs = 224;                // setmaxnreg budgets: 2 x 128 x 224
+inline constexpr int kProducerRegs = 56;                 //   + 128 x 56 <= 65536
 inline constexpr int kRows = 64;                         // heads per CTA (wgmma M)
 inline constexpr int kBlockKeys = 64;
 inline constexpr int kKeyDim = 576;
@@ -50,9 +50,9 @@ inline constexpr int kSmemK = kSmemQ + kTileBytes;                 // [2] key bu
 inline constexpr int kSmemP0 = kSmemK + (kDimBlocks - 1) * kBlockBytes;  // in buffer 0's rope block
 inline constexpr int kSmemP1 = kSmemK + 2 * kTileBytes;
 inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: published row maxima
-inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2][64]: row sums per warpgroup
-inline constexpr int kSmemBars = kSmemSum + 2 * kRows * 4;  // q_full, full[2][2], empty[2][2]
-inline constexpr int kNumBars = 9;
+inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2 items][2][64]: row sums per warpgroup
+inline constexpr int kSmemBars = kSmemSum + 4 * kRows * 4;  // q_full, q_empty, full[2][2], empty[2][2]
+inline constexpr int kNumBars = 10;
 inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr int kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
