@@ -64,6 +64,8 @@ struct Barriers {
   __device__ pl::Mbarrier* q_empty() const { return base + 1; }
   __device__ pl::Mbarrier* full(int buffer, int half) const { return base + 2 + 2 * buffer + half; }
   __device__ pl::Mbarrier* empty(int buffer, int half) const { return base + 6 + 2 * buffer + half; }
+  // The producer's per-key valid flags of a buffer (16 arrivals: one thread per row group).
+  __device__ pl::Mbarrier* valid(int buffer) const { return base + 10 + buffer; }
 };
 
 // ---------------------------------------------------------------- producer
@@ -117,6 +119,13 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
       }
       pl::arrive_on_copies(bars.full(b, half));
+      // With the first half of a buffer, its keys' valid flags (the consumers
+      // read them after S, before releasing that half).
+      if (half == (b == 0 ? kLo : kHi) && c8 == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) smem[kSmemValid + b * kBlockKeys + group + 16 * i] = slots[b][i] >= 0;
+        pl::arrive(bars.valid(b));
+      }
     };
 
     for (int r = 0; r < w.rounds; ++r, ++round) {
@@ -181,13 +190,16 @@ struct Consumer {
     }
   }
 
-  // Bit 2 nt + e: key 8 nt + 2 tq + e of block `block` is valid.
-  __device__ __forceinline__ std::uint32_t valid_keys(int block) const {
+  // Bit 2 nt + e: key 8 nt + 2 tq + e of the own buffer is valid (flags of the producer).
+  __device__ __forceinline__ std::uint32_t valid_keys(int round) const {
+    pl::wait(bars.valid(kWg), round & 1);
+    const std::uint8_t* flags = smem + kSmemValid + kWg * kBlockKeys + 2 * tq;
     std::uint32_t mask = 0;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) mask |= (item.slot(block, 8 * nt + 2 * tq + e) >= 0 ? 1u : 0u) << (2 * nt + e);
+    for (int nt = 0; nt < 8; ++nt) {
+      const std::uint16_t two = *reinterpret_cast<const std::uint16_t*>(flags + 8 * nt);
+      mask |= static_cast<std::uint32_t>((two & 0xff) | ((two >> 7) & 2)) << (2 * nt);
+    }
     return mask;
   }
 
@@ -303,7 +315,6 @@ struct Consumer {
     if (rounds == 0) return;
     pl::wait(bars.q_full(), q_uses & 1);
     ++q_uses;
-    std::uint32_t valid = valid_keys(kWg);
     compute_s(round);
 
     for (int r = 0; r < rounds; ++r, ++round) {
@@ -316,8 +327,7 @@ struct Consumer {
 
       // ---- one running max for both warpgroups
       float mx[2], m_new[2];
-      mask_scale(valid, scale_log2, mx);
-      if (more) valid = valid_keys(2 * (r + 1) + kWg);  // its loads overlap what follows
+      mask_scale(valid_keys(round), scale_log2, mx);
       if constexpr (kWg == 0) {
         m_new[0] = fmaxf(m_run[0], mx[0]);
         m_new[1] = fmaxf(m_run[1], mx[1]);
@@ -463,6 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
         pl::init(bars.full(b, h), 128);
         pl::init(bars.empty(b, h), empty_arrivals(b, h));
       }
+    for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 16);
     pl::fence_init();
   }
   __syncthreads();
