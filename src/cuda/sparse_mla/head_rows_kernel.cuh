@@ -43,12 +43,15 @@ struct WorkItem {
     rounds = (blocks + 1) / 2;
     slot_row = p->slots + static_cast<std::int64_t>(token) * p->topk;
   }
-  // Slot of key `key` of block `block`, or -1 when it is past the valid range or outside the cache.
-  __device__ __forceinline__ std::int32_t slot(int block, int key) const {
+  // The slot of key `key` of block `block` as stored (-1 past the valid range):
+  // a load with no use attached, so that several can be in flight at once.
+  __device__ __forceinline__ std::int32_t raw_slot(int block, int key) const {
     const int idx = key_begin + block * kBlockKeys + key;
-    if (idx >= key_end) return -1;
-    const std::int32_t s = __ldg(slot_row + idx);
-    return s >= 0 && s < p->num_slots ? s : -1;
+    return idx < key_end ? __ldg(slot_row + idx) : -1;
+  }
+  // A raw slot, or -1 when it is outside the cache.
+  __device__ __forceinline__ std::int32_t checked(std::int32_t raw) const {
+    return raw >= 0 && raw < p->num_slots ? raw : -1;
   }
 };
 
@@ -89,7 +92,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) slots[b][i] = w.slot(b, group + 16 * i);
+      for (int i = 0; i < 4; ++i) slots[b][i] = w.raw_slot(b, group + 16 * i);
 
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
@@ -113,7 +116,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = group + 16 * i;
-        const std::int32_t s = slots[b][i];
+        const std::int32_t s = w.checked(slots[b][i]);
         const std::uint8_t* src = p.kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
 #pragma unroll
         for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
@@ -133,7 +136,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) next[b][i] = more ? w.slot(2 * (r + 1) + b, group + 16 * i) : -1;
+        for (int i = 0; i < 4; ++i) next[b][i] = more ? w.raw_slot(2 * (r + 1) + b, group + 16 * i) : -1;
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
       gather(0, kLo);
       gather(1, kHi);
