@@ -126,7 +126,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // read them after S, before releasing that half).
       if (half == (b == 0 ? kLo : kHi) && c8 == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) smem[kSmemValid + b * kBlockKeys + group + 16 * i] = slots[b][i] >= 0;
+        for (int i = 0; i < 4; ++i) smem[kSmemValid + b * kBlockKeys + group + 16 * i] = w.checked(slots[b][i]) >= 0;
         pl::arrive(bars.valid(b));
       }
     };
