@@ -29,19 +29,25 @@ struct WorkItem {
   const std::int32_t* slot_row;
 
   WorkItem() = default;
-  __device__ WorkItem(const KernelArgs& a, int item) : p(&a.p), args(&a) {
+  // `count` = valid_counts[token_of(a, item)], loaded ahead by the caller.
+  __device__ WorkItem(const KernelArgs& a, int item, int count) : p(&a.p), args(&a) {
     const int head_blocks = p->num_heads / kRows;
     split = item % a.num_splits;
     const int token_block = item / a.num_splits;
     token = token_block / head_blocks;
     head0 = (token_block % head_blocks) * kRows;
     heads = min(kRows, p->num_heads - head0);
-    const int count = min(max(p->valid_counts[token], 0), p->topk);
+    count = min(max(count, 0), p->topk);
     key_begin = split * a.split_keys;
     key_end = min(key_begin + a.split_keys, count);
     const int blocks = key_end > key_begin ? (key_end - key_begin + kBlockKeys - 1) / kBlockKeys : 0;
     rounds = (blocks + 1) / 2;
     slot_row = p->slots + static_cast<std::int64_t>(token) * p->topk;
+  }
+  // The valid count of an item's token (a load the caller issues early), 0 past the last item.
+  static __device__ __forceinline__ int load_count(const KernelArgs& a, int item, int items) {
+    if (item >= items) return 0;
+    return __ldg(a.p.valid_counts + item / a.num_splits / (a.p.num_heads / kRows));
   }
   // The slot of key `key` of block `block` as stored (-1 past the valid range):
   // a load with no use attached, so that several can be in flight at once.
@@ -85,15 +91,29 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
   int round = 0;   // rounds so far, over all items of this CTA
   int q_loads = 0;  // queries loaded so far
 
-  for (int item = blockIdx.x; item < num_items(args); item += gridDim.x) {
-    const WorkItem w(args, item);
-    if (w.rounds == 0) continue;
-    std::int32_t slots[2][4], next[2][4];
+  const int items = num_items(args);
+  // Items without keys need no loads: skip them, and look one item ahead so
+  // that its valid count and first slots are loaded while this one runs.
+  auto next_busy = [&](int from, int& count) {
+    for (; from < items; from += gridDim.x) {
+      count = WorkItem::load_count(args, from, items);
+      if (WorkItem(args, from, count).rounds > 0) break;
+    }
+    return from;
+  };
+  std::int32_t slots[2][4], next[2][4];
+  int count = 0;
+  int item = next_busy(blockIdx.x, count);
+  WorkItem w(args, item, count);
+  if (item < items) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int i = 0; i < 4; ++i) slots[b][i] = w.raw_slot(b, group + 16 * i);
-
+  }
+  while (item < items) {
+    int count_ahead = 0;
+    const int item_ahead = next_busy(item + gridDim.x, count_ahead);
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
 #pragma unroll
@@ -133,10 +153,14 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 
     for (int r = 0; r < w.rounds; ++r, ++round) {
       const bool more = r + 1 < w.rounds;
+      // The slots of the next round, or of the next item's first round.
+      const WorkItem& w_next = more ? w : WorkItem(args, item_ahead, count_ahead);
+      const int block_next = more ? 2 * (r + 1) : 0;
+      const bool any_next = more || item_ahead < items;
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) next[b][i] = more ? w.raw_slot(2 * (r + 1) + b, group + 16 * i) : -1;
+        for (int i = 0; i < 4; ++i) next[b][i] = any_next ? w_next.raw_slot(block_next + b, group + 16 * i) : -1;
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
       gather(0, kLo);
       gather(1, kHi);
@@ -147,6 +171,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
         for (int i = 0; i < 4; ++i) slots[b][i] = next[b][i];
     }
+    item = item_ahead;
+    w = WorkItem(args, item, count_ahead);
   }
 }
 
@@ -223,16 +249,27 @@ struct Consumer {
   }
 
   // P = exp2(S - m_new), O and the row sums rescaled from m_run to m_new.
+  // O rows r0, r0 + 8 times f0, f1. Once a row's maximum has settled the
+  // factors are 1 across the warp, and the 128 multiplies are skipped.
+  __device__ __forceinline__ void rescale_o(float f0, float f1) {
+    if (__all_sync(0xffffffffu, f0 == 1.f && f1 == 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= f0;
+      o[4 * j + 1] *= f0;
+      o[4 * j + 2] *= f1;
+      o[4 * j + 3] *= f1;
+    }
+  }
+
   __device__ __forceinline__ void softmax_to(const float (&m_new)[2]) {
+    float alpha[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) alpha[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_new[hi]));
+    rescale_o(alpha[0], alpha[1]);
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const float sub = sm::subtrahend(m_new[hi]);
-      const float alpha = sm::exp2_approx(m_run[hi] - sub);
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 2 * hi] *= alpha;
-        o[4 * j + 2 * hi + 1] *= alpha;
-      }
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -242,7 +279,7 @@ struct Consumer {
           s[4 * nt + 2 * hi + e] = pv;
           sum += pv;
         }
-      l_part[hi] = l_part[hi] * alpha + sum;
+      l_part[hi] = l_part[hi] * alpha[hi] + sum;
       m_run[hi] = m_new[hi];
     }
   }
@@ -289,8 +326,11 @@ struct Consumer {
   // All items of this CTA; `round` and `q_uses` count on across items for the barrier phases.
   __device__ __forceinline__ void run(const KernelArgs& args) {
     int round = 0, q_uses = 0, items_done = 0;
-    for (int i = blockIdx.x; i < num_items(args); i += gridDim.x, ++items_done) {
-      item = WorkItem(args, i);
+    const int items = num_items(args);
+    int count = WorkItem::load_count(args, blockIdx.x, items);
+    for (int i = blockIdx.x; i < items; i += gridDim.x, ++items_done) {
+      item = WorkItem(args, i, count);
+      count = WorkItem::load_count(args, i + gridDim.x, items);  // lands while this item runs
       process(round, q_uses);
       epilogue(items_done & 1);
     }
@@ -371,13 +411,9 @@ struct Consumer {
         mma::wait<0>();
         mma::fence_operands(o);
         pl::arrive(bars.empty(0, kLo));
+        rescale_o(factor[0], factor[1]);
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[4 * j + 2 * hi] *= factor[hi];
-            o[4 * j + 2 * hi + 1] *= factor[hi];
-          }
           l_part[hi] *= factor[hi];
           m_run[hi] = m_final[hi];
         }
