@@ -112,8 +112,6 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       for (int i = 0; i < 4; ++i) slots[b][i] = w.raw_slot(b, group + 16 * i);
   }
   while (item < items) {
-    int count_ahead = 0;
-    const int item_ahead = next_busy(item + gridDim.x, count_ahead);
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
 #pragma unroll
@@ -127,6 +125,9 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     }
     pl::arrive_on_copies(bars.q_full());
     ++q_loads;
+    // After the query is on its way: this waits for a load.
+    int count_ahead = 0;
+    const int item_ahead = next_busy(item + gridDim.x, count_ahead);
 
     auto gather = [&](int b, int half) {
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
