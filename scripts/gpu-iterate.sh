@@ -5,10 +5,13 @@
 # (copied into .anchors/) in the same call. Logs go flat into $OUT:
 #   env.txt (date, commit, GPU, ptxas summary), build.log, tests.log,
 #   harness.log, anchors.json / anchors.md, sass.txt (wgmma/barrier counts).
-# Usage: scripts/gpu-iterate.sh [GTEST_FILTER] [HARNESS_ARGS...]
+# With --full, afterwards every GPU test and the compute-sanitizer subset
+# (tests_full.log, sanitizer.log).
+# Usage: scripts/gpu-iterate.sh [--full] [GTEST_FILTER] [HARNESS_ARGS...]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 out=${OUT:-$root/out}; mkdir -p "$out"
+full=0; [ "${1:-}" = --full ] && { full=1; shift; }
 filter=${1:-'*Sparse*'}; shift || true
 { date -u; echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' + local changes')"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1; } >"$out/env.txt" 2>&1
@@ -37,4 +40,17 @@ PYTHONPATH=$A python3 .anchors/anchors_bench.py --json "$out/anchors.json" --md 
 cat "$out/anchors.md" 2>/dev/null | head -40
 obj=$(find build-gpu -name 'head_rows.cu.o' | head -1)
 [ -n "$obj" ] && cuobjdump -sass "$obj" | grep -oE "HGMMA[.A-Z0-9x]*|WARPGROUP\.[A-Z]+[^;]*|DEPBAR[^;]*|SYNCS[.A-Z]*" | sort | uniq -c >"$out/sass.txt"
+if [ $full = 1 ]; then
+  echo "== all gpu tests"
+  for t in build-gpu/tests/test_gpu_*; do
+    [ -x "$t" ] && [ "${t%.cmake}" = "$t" ] || continue
+    start=$SECONDS
+    timeout 300 "$t" --gtest_brief=1 >>"$out/tests_full.log" 2>&1 || { status=1; echo "FAILED: $t"; }
+    echo "---- $(basename "$t"): $((SECONDS - start)) s" | tee -a "$out/tests_full.log"
+  done
+  grep -E "tests ran|PASSED|FAILED" "$out/tests_full.log" | tail -12
+  echo "== compute-sanitizer subset"
+  timeout 400 scripts/gpu-sanitize.sh build-gpu >"$out/sanitizer.log" 2>&1 || { status=1; echo "SANITIZER FAILED"; }
+  grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY|gpu-sanitize" "$out/sanitizer.log" | tail -30
+fi
 exit $status

@@ -101,7 +101,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     }
     return from;
   };
-  std::int32_t slots[2][4], next[2][4];
+  std::int32_t slots[2][4];
   int count = 0;
   int item = next_busy(blockIdx.x, count);
   WorkItem w(args, item, count);
@@ -125,9 +125,6 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     }
     pl::arrive_on_copies(bars.q_full());
     ++q_loads;
-    // After the query is on its way: this waits for a load.
-    int count_ahead = 0;
-    const int item_ahead = next_busy(item + gridDim.x, count_ahead);
 
     auto gather = [&](int b, int half) {
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
@@ -152,25 +149,24 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       }
     };
 
+    int count_ahead = 0, item_ahead = items;
     for (int r = 0; r < w.rounds; ++r, ++round) {
+      // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
+      gather(0, kLo);
+      gather(1, kHi);
+      gather(0, kHi);
+      gather(1, kLo);
+      // Slots of the next round, or of the next item's first round: issued
+      // now, used after the consumers release a buffer.
       const bool more = r + 1 < w.rounds;
-      // The slots of the next round, or of the next item's first round.
+      if (!more) item_ahead = next_busy(item + gridDim.x, count_ahead);
       const WorkItem& w_next = more ? w : WorkItem(args, item_ahead, count_ahead);
       const int block_next = more ? 2 * (r + 1) : 0;
       const bool any_next = more || item_ahead < items;
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) next[b][i] = any_next ? w_next.raw_slot(block_next + b, group + 16 * i) : -1;
-      // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
-      gather(0, kLo);
-      gather(1, kHi);
-      gather(0, kHi);
-      gather(1, kLo);
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) slots[b][i] = next[b][i];
+        for (int i = 0; i < 4; ++i) slots[b][i] = any_next ? w_next.raw_slot(block_next + b, group + 16 * i) : -1;
     }
     item = item_ahead;
     w = WorkItem(args, item, count_ahead);
