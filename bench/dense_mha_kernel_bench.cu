@@ -1,7 +1,8 @@
 // Standalone timing + spot-check harness for the dense MHA kernel
 // (src/cuda/dense_mha). Build on the GPU machine:
 //
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//        -Iinclude -Isrc -isystem .deps/cutlass/include \
 //        bench/dense_mha_kernel_bench.cu src/cuda/dense_mha/*.cu src/cuda/dense_mha/*.cpp \
 //        -o /tmp/dense_mha_bench
 //   /tmp/dense_mha_bench [results.txt]

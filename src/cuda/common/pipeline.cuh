@@ -31,6 +31,20 @@ __device__ __forceinline__ void copy_16(void* smem_dst, const void* gmem_src, bo
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
   Copy::copy(*static_cast<const cute::uint128_t*>(gmem_src), *static_cast<cute::uint128_t*>(smem_dst), valid);
 }
+// 16-byte global -> shared copy of a source that is always readable (no zero fill).
+__device__ __forceinline__ void copy_16(void* smem_dst, const void* gmem_src) {
+  using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>;
+  Copy::copy(*static_cast<const cute::uint128_t*>(gmem_src), *static_cast<cute::uint128_t*>(smem_dst));
+}
+
+// Without mbarriers: this thread's copies since the last commit form one
+// group; wait_copies<n> returns once at most n of its groups are in flight.
+// Landed copies are visible to the issuing thread; other threads need a
+// barrier after the wait (and wgmma also fence_smem_for_mma). CuTe emits
+// wait<0> as cp.async.wait_all, which commits an empty group first.
+__device__ __forceinline__ void commit_copies() { cute::cp_async_fence(); }
+template <int kPending>
+__device__ __forceinline__ void wait_copies() { cute::cp_async_wait<kPending>(); }
 
 // Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads` threads.
 __device__ __forceinline__ void named_sync(int threads, int id) {
@@ -49,5 +63,12 @@ template <int kRegs>
 __device__ __forceinline__ void shrink_registers() { cutlass::arch::warpgroup_reg_dealloc<kRegs>(); }
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) { return cute::cast_smem_ptr_to_uint(p); }
+
+// Dynamic shared memory is only 16-byte aligned: the first kAlign-aligned byte
+// of `raw` (allocate kAlign more than used). Swizzle atoms need kAlign = 1024.
+template <std::uint32_t kAlign>
+__device__ __forceinline__ std::uint8_t* align_smem(std::uint8_t* raw) {
+  return raw + ((kAlign - (smem_addr(raw) & (kAlign - 1))) & (kAlign - 1));
+}
 
 }  // namespace dsmla::cuda::pipeline

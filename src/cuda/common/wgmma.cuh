@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "cuda/common/softmax.cuh"
+
 namespace dsmla::cuda::wgmma {
 
 namespace gmma = cute::SM90::GMMA;
@@ -64,14 +66,29 @@ __device__ __forceinline__ void mma_ss(std::uint64_t desc_a, std::uint64_t desc_
                  std::make_index_sequence<N>{});
 }
 
-// d (64 x N) += A (64 x 16, registers: a_fragment_from_accumulator) * B (16 x N, smem).
+// d (64 x N) += A (64 x 16, registers: a_fragments_from_accumulator) * B (16 x N, smem).
 template <class Op, int N>
 __device__ __forceinline__ void mma_rs(const std::uint32_t (&a)[4], std::uint64_t desc_b, float (&d)[N]) {
   detail::rs<Op>(a, desc_b, d, gmma::ScaleOut::One, std::make_index_sequence<N>{});
 }
 
+// The RS A operands of the k-steps over the N columns of an fp32 accumulator,
+// as bf16 pairs. Columns [16 kk, 16 kk + 16) of d are already laid out as the
+// A fragment of k-step kk (same rows per thread, same column pairs), so the
+// conversion is a pack: this is how P = softmax(S) feeds O += P V.
+template <int N>
+__device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N], std::uint32_t (&a)[N / 8][4]) {
+  static_assert(N % 8 == 0, "whole k16 steps");
+#pragma unroll
+  for (int kk = 0; kk < N / 8; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kk][i] = softmax::pack_bf16x2(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
+}
+
 // The m64nNk16 bf16 -> fp32 atoms the kernels use (A and B K-major, or B MN-major).
 using SS_64x64_KK = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x128_KK = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using RS_64x64_KMN = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 using SS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::MN>;
 using RS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 
@@ -85,6 +102,15 @@ template <int N>
 __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+// The same for RS A fragments: their registers must not be reused before the
+// wgmma that reads them has completed (wait), which the compiler cannot see.
+template <int K>
+__device__ __forceinline__ void fence_operands(std::uint32_t (&a)[K][4]) {
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(a[kk][i]);
 }
 
 }  // namespace dsmla::cuda::wgmma

@@ -1,0 +1,145 @@
+// Shapes, thread roles and shared-memory plan of the dense causal varlen MHA
+// kernel (dense_mha_kernel.cuh; DESIGN §2, short-prefill path).
+//
+// Work split
+//   One thread block = one work item (kQueryTile query rows of one request) x
+//   one head (grid = [work items, H]). Two warpgroups; warpgroup w owns query
+//   rows [64w, 64w + 64) of the tile for the whole key range, the softmax
+//   statistics of a row live in the 4 lanes of a quad.
+//   Keys of request r, head h: K(s) = [kv_up[s, h, 0:128] | latent[s, 512:576]]
+//   (k_pe is read straight from the latent rows, shared by all heads: no
+//   concatenated copy), V(s) = kv_up[s, h, 128:256].
+//   Key tiles of kKeyTile rows are visited from the last one (which holds the
+//   causal diagonal) down to 0. A warpgroup skips the tiles past its own last
+//   row's limit and masks only the tiles that reach past its first row's limit.
+//
+// Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of a
+// 128-byte row r sits at c ^ (r & 7), the layout wgmma's descriptors expect)
+//   sQ  2 warpgroups x 3 column blocks x [64 rows x 64 bf16]        48 KiB
+//   per stage (2 stages, double buffer), kKeyTile = 128 keys:
+//     sK  3 column blocks x [128 keys x 64 bf16]   K-major B of S = Q K^T    48 KiB
+//     sV  2 column blocks x [128 keys x 64 bf16]   MN-major B of O += P V    32 KiB
+//   208 KiB in all: one block (8 warps) per SM.
+//   Column block c holds head dims [64c, 64c + 64); for Q and K block 2 is the
+//   rope part. The epilogue stages each warpgroup's output in its own sQ.
+//
+// Pipeline (per key tile, one __syncthreads): mainloop.cuh. Measured
+// alternatives that were slower on the H200: 64-key tiles with 3 stages
+// (-4..9 %), and 64-key tiles where tile j's S GEMM and softmax overlap tile
+// j-1's P V GEMM (-2..7 %); the mma.sync (FA2-style) version of this kernel
+// ran at 0.6x this speed.
+//
+// Rows past q_len inside the last tile, and key rows past seq_len inside the
+// last key tile, read a clamped valid row (finite data, never stored / always
+// masked), so no zero fill is needed and nothing outside the inputs is read.
+#pragma once
+#include <cstdint>
+
+#include "cuda/dense_mha/dense_mha.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda::dense_mha_detail {
+
+// ---------------------------------------------------------------- shapes
+inline constexpr int kQueryTile = kDenseMhaQueryTile;  // query rows per block: 128
+inline constexpr int kKeyTile = kDenseMhaKeyTile;      // key rows per stage: 128
+inline constexpr int kStages = 2;
+inline constexpr int kQkDim = kQkHeadDim;        // 192 = 128 nope + 64 rope
+inline constexpr int kNope = kNopeDim;           // 128
+inline constexpr int kVDim = kVHeadDim;          // 128
+inline constexpr int kKvUpRow = kKvBRowsPerHead;  // 256 values per head in kv_up: [k_nope | v]
+inline constexpr int kWarpgroups = 2;
+inline constexpr int kThreads = kWarpgroups * 128;
+inline constexpr int kWgRows = kQueryTile / kWarpgroups;  // 64 = wgmma M
+static_assert(kWgRows == 64);
+
+// Accumulators per thread (wgmma order, src/cuda/common/wgmma.cuh).
+inline constexpr int kSRegs = kKeyTile / 2;  // S: m64 x kKeyTile
+inline constexpr int kKeySteps = kKeyTile / 16;  // k16 steps of P V = A fragments of P
+inline constexpr int kOHalves = 2;           // O: two m64 x n64 accumulators (one per V column block)
+inline constexpr int kOHalfRegs = 32;
+static_assert(kOHalves * 64 == kVDim);
+
+// ---------------------------------------------------------------- shared memory
+inline constexpr int kRowBytes = 128;  // one swizzled row: 64 bf16
+inline constexpr int kQkBlocks = kQkDim / 64;  // 3 column blocks of Q / K
+inline constexpr int kVBlocks = kVDim / 64;    // 2 column blocks of V
+inline constexpr int kQBlockBytes = kWgRows * kRowBytes;      // [64 rows][64 bf16]
+inline constexpr int kQWgBytes = kQkBlocks * kQBlockBytes;    // 24 KiB: one warpgroup's Q
+inline constexpr int kKeyBlockBytes = kKeyTile * kRowBytes;   // [128 keys][64 bf16], K and V alike
+inline constexpr int kKBytes = kQkBlocks * kKeyBlockBytes;
+inline constexpr int kVBytes = kVBlocks * kKeyBlockBytes;
+inline constexpr int kStageBytes = kKBytes + kVBytes;
+
+// Byte offsets from the 1024-byte aligned base.
+inline constexpr int kSmemQ = 0;
+inline constexpr int kSmemStages = kSmemQ + kWarpgroups * kQWgBytes;
+inline constexpr int kSmemUsed = kSmemStages + kStages * kStageBytes;  // 208 KiB
+inline constexpr std::uint32_t kSmemAlign = 1024;
+inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
+static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");
+
+__host__ __device__ constexpr std::uint32_t q_block(int wg, int block) {
+  return kSmemQ + wg * kQWgBytes + block * kQBlockBytes;
+}
+__host__ __device__ constexpr std::uint32_t k_block(int stage, int block) {
+  return kSmemStages + stage * kStageBytes + block * kKeyBlockBytes;
+}
+__host__ __device__ constexpr std::uint32_t v_block(int stage, int block) {
+  return kSmemStages + stage * kStageBytes + kKBytes + block * kKeyBlockBytes;
+}
+
+// Offset of 16-byte chunk `chunk` of row `row` in rows of kRowLength bytes,
+// XOR-swizzled over 8 rows. With 128-byte rows (chunk 0..7) this is wgmma's
+// 128-byte swizzle; with the epilogue's 256-byte rows it spreads a column of
+// chunks of 8 consecutive rows over all shared-memory banks.
+template <int kRowLength>
+__host__ __device__ constexpr std::uint32_t swizzled(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * kRowLength + ((chunk ^ (row & 7)) << 4));
+}
+
+// ---------------------------------------------------------------- threads
+// This thread's place in its warpgroup's accumulators (wgmma order): rows
+// row() and row() + 8 of the warpgroup's 64, columns 2 col_pair + {0, 1} of
+// every n8 block.
+struct FragmentCoords {
+  int warpgroup;
+  int warp_in_wg;
+  int lane;
+  int row_in_warp;  // lane / 4
+  int col_pair;     // lane % 4
+
+  __device__ explicit FragmentCoords(int tid)
+      : warpgroup(tid / 128), warp_in_wg(tid / 32 % 4), lane(tid % 32), row_in_warp(tid % 32 / 4),
+        col_pair(tid % 4) {}
+  __device__ int row() const { return warp_in_wg * 16 + row_in_warp; }
+};
+
+// What one block works on: a tile of query rows of one request, one head;
+// and the part of it that belongs to this thread's warpgroup.
+struct BlockWork {
+  DenseMhaRequest req;
+  int head;
+  int m0;             // first query row of the tile (request-local)
+  int kv_len;         // keys of the request: ctx_len + q_len
+  int key_tiles;      // key tiles any row of the tile sees
+  int wg_row0;        // this warpgroup's first row (request-local); it may have none
+  bool wg_active;     // wg_row0 < q_len
+  int wg_first_limit;  // last key the warpgroup's first row sees
+  int wg_key_tiles;    // key tiles any row of the warpgroup sees (0 when inactive)
+
+  __device__ BlockWork(const DenseMhaParams& p, int warpgroup) {
+    const DenseMhaWorkItem item = p.work[blockIdx.x];
+    req = p.requests[item.request];
+    head = blockIdx.y;
+    m0 = item.q_tile_start;
+    kv_len = req.ctx_len + req.q_len;
+    key_tiles = (req.ctx_len + min(m0 + kQueryTile, req.q_len) - 1) / kKeyTile + 1;
+    wg_row0 = m0 + warpgroup * kWgRows;
+    wg_active = wg_row0 < req.q_len;
+    wg_first_limit = req.ctx_len + wg_row0;
+    wg_key_tiles = wg_active ? (req.ctx_len + min(wg_row0 + kWgRows, req.q_len) - 1) / kKeyTile + 1 : 0;
+  }
+};
+
+}  // namespace dsmla::cuda::dense_mha_detail
