@@ -32,6 +32,20 @@ __device__ __forceinline__ void copy_16(void* smem_dst, const void* gmem_src, bo
   Copy::copy(*static_cast<const cute::uint128_t*>(gmem_src), *static_cast<cute::uint128_t*>(smem_dst), valid);
 }
 
+// 4-byte global -> shared copy (the .ca form: .cg copies only 16 bytes);
+// `valid` false writes zeros and reads nothing.
+__device__ __forceinline__ void copy_4(void* smem_dst, const void* gmem_src, bool valid) {
+  using Copy = cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<std::uint32_t>;
+  Copy::copy(*static_cast<const std::uint32_t*>(gmem_src), *static_cast<std::uint32_t*>(smem_dst), valid);
+}
+
+// cp.async groups, for kernels that wait on their own copies instead of an
+// mbarrier: commit_copies closes the copies this thread issued since the last
+// commit into a group; wait_copies<n> returns once at most n groups are pending.
+__device__ __forceinline__ void commit_copies() { cute::cp_async_fence(); }
+template <int kPending>
+__device__ __forceinline__ void wait_copies() { cute::cp_async_wait<kPending>(); }
+
 // Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads` threads.
 __device__ __forceinline__ void named_sync(int threads, int id) {
   cutlass::arch::NamedBarrier::sync(static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(id));

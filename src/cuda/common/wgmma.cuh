@@ -70,8 +70,14 @@ __device__ __forceinline__ void mma_rs(const std::uint32_t (&a)[4], std::uint64_
   detail::rs<Op>(a, desc_b, d, gmma::ScaleOut::One, std::make_index_sequence<N>{});
 }
 
-// The m64nNk16 bf16 -> fp32 atoms the kernels use (A and B K-major, or B MN-major).
+// The m64nNk16 bf16 -> fp32 atoms the kernels use, named SS_64xN_<A major><B major>
+// (K: K-major; MN: MN-major, i.e. the operand is read transposed).
 using SS_64x64_KK = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x32_KK = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x16_KK = gmma::MMA_64x16x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x8_KK = gmma::MMA_64x8x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x16_MNK = gmma::MMA_64x16x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
+using SS_64x8_MNK = gmma::MMA_64x8x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
 using SS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::MN>;
 using RS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 
