@@ -14,17 +14,33 @@ namespace dsmla::cuda::pipeline {
 
 using Mbarrier = std::uint64_t;  // in shared memory
 
+// CUTLASS's barrier and fence wrappers are `asm volatile` without a "memory"
+// clobber, which does not stop the compiler from moving ordinary shared-memory
+// loads and stores across them. Every synchronising wrapper below is fenced
+// on both sides so that data exchanged through smem stays on its side.
+__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
+
 __device__ __forceinline__ void init(Mbarrier* bar, int arrivals) {
   cutlass::arch::ClusterBarrier::init(bar, static_cast<std::uint32_t>(arrivals));
 }
 // Makes barrier initialisation visible before the CTA-wide sync that follows it.
 __device__ __forceinline__ void fence_init() { cutlass::arch::fence_barrier_init(); }
 __device__ __forceinline__ void wait(Mbarrier* bar, int phase) {
+  compiler_fence();
   cutlass::arch::ClusterBarrier::wait(bar, static_cast<std::uint32_t>(phase));
+  compiler_fence();
 }
-__device__ __forceinline__ void arrive(Mbarrier* bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
+__device__ __forceinline__ void arrive(Mbarrier* bar) {
+  compiler_fence();
+  cutlass::arch::ClusterBarrier::arrive(bar);
+  compiler_fence();
+}
 // One arrival on `bar` once all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void arrive_on_copies(Mbarrier* bar) { cutlass::arch::cpasync_barrier_arrive_noinc(bar); }
+__device__ __forceinline__ void arrive_on_copies(Mbarrier* bar) {
+  compiler_fence();
+  cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+  compiler_fence();
+}
 
 // 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
 __device__ __forceinline__ void copy_16(void* smem_dst, const void* gmem_src, bool valid) {
@@ -44,18 +60,38 @@ __device__ __forceinline__ void copy_16(void* smem_dst, const void* gmem_src) {
 // wait<0> as cp.async.wait_all, which commits an empty group first.
 __device__ __forceinline__ void commit_copies() { cute::cp_async_fence(); }
 template <int kPending>
-__device__ __forceinline__ void wait_copies() { cute::cp_async_wait<kPending>(); }
+__device__ __forceinline__ void wait_copies() {
+  compiler_fence();
+  cute::cp_async_wait<kPending>();
+  compiler_fence();
+}
+
+// 4-byte global -> shared copy (the .ca form: .cg copies only 16 bytes);
+// `valid` false writes zeros and reads nothing.
+__device__ __forceinline__ void copy_4(void* smem_dst, const void* gmem_src, bool valid) {
+  using Copy = cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<std::uint32_t>;
+  Copy::copy(*static_cast<const std::uint32_t*>(gmem_src), *static_cast<std::uint32_t*>(smem_dst), valid);
+}
+
 
 // Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads` threads.
 __device__ __forceinline__ void named_sync(int threads, int id) {
+  compiler_fence();
   cutlass::arch::NamedBarrier::sync(static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(id));
+  compiler_fence();
 }
 __device__ __forceinline__ void named_arrive(int threads, int id) {
+  compiler_fence();
   cutlass::arch::NamedBarrier::arrive(static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(id));
+  compiler_fence();
 }
 
 // Generic-proxy shared-memory writes become visible to wgmma (async proxy).
-__device__ __forceinline__ void fence_smem_for_mma() { cutlass::arch::fence_view_async_shared(); }
+__device__ __forceinline__ void fence_smem_for_mma() {
+  compiler_fence();
+  cutlass::arch::fence_view_async_shared();
+  compiler_fence();
+}
 
 template <int kRegs>
 __device__ __forceinline__ void grow_registers() { cutlass::arch::warpgroup_reg_alloc<kRegs>(); }

@@ -22,6 +22,20 @@ namespace gmma = cute::SM90::GMMA;
 // stored at chunk c ^ (r % 8). A [rows][64] bf16 block is rows / 8 atoms.
 inline constexpr std::uint32_t kAtomBytes = 1024;
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile stored as
+// 64-column blocks of [rows][128 B], `kBlockBytes` apart, each 128-byte
+// swizzled (chunk 8 b + c of a row lives in block b, at chunk c ^ (row % 8)).
+template <int kBlockBytes>
+__host__ __device__ constexpr std::uint32_t sw128_offset(int row, int chunk) {
+  return static_cast<std::uint32_t>((chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+// Byte offset of K step `ks` (columns [16 ks, 16 ks + 16)) of such a K-major
+// tile: where the step's descriptor starts (the swizzle phase is kept).
+template <int kBlockBytes>
+__host__ __device__ constexpr std::uint32_t sw128_k_step_offset(int ks) {
+  return static_cast<std::uint32_t>((ks >> 2) * kBlockBytes + (ks & 3) * 32);
+}
+
 // K-major operand (rows of 64 bf16 along K, 8-row groups kAtomBytes apart).
 // The leading offset is unused in this layout (CuTe's convention: 1).
 __device__ __forceinline__ std::uint64_t desc_k_major(std::uint32_t smem_addr) {
@@ -85,9 +99,15 @@ __device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N]
     for (int i = 0; i < 4; ++i) a[kk][i] = softmax::pack_bf16x2(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
 }
 
-// The m64nNk16 bf16 -> fp32 atoms the kernels use (A and B K-major, or B MN-major).
+// The m64nNk16 bf16 -> fp32 atoms the kernels use, named <SS|RS>_64xN_<A major><B major>
+// (K: K-major; MN: MN-major, i.e. the operand is read transposed).
 using SS_64x64_KK = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 using SS_64x128_KK = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x32_KK = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x16_KK = gmma::MMA_64x16x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x8_KK = gmma::MMA_64x8x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+using SS_64x16_MNK = gmma::MMA_64x16x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
+using SS_64x8_MNK = gmma::MMA_64x8x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
 using RS_64x64_KMN = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 using SS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::MN>;
 using RS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;

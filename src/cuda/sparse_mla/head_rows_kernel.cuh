@@ -210,7 +210,7 @@ struct Consumer {
     const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
 #pragma unroll
     for (int ks = ks0; ks < ks1; ++ks) {
-      const std::uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+      const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
       mma::mma_ss<mma::SS_64x64_KK>(mma::desc_k_major(q + off), mma::desc_k_major(k + off), s,
                                     !(half == kFirst && ks == ks0));
     }
@@ -281,14 +281,6 @@ struct Consumer {
     }
   }
 
-  // The RS A fragments of P (16 keys per k-step) in bf16.
-  __device__ __forceinline__ void p_fragments(std::uint32_t (&a)[4][4]) const {
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[ks][i] = sm::pack_bf16x2(s[8 * ks + 2 * i], s[8 * ks + 2 * i + 1]);
-  }
-
   // P * factor as bf16 into a [64][64] swizzled block at smem offset `dst`.
   __device__ __forceinline__ void store_p(int dst, float factor0, float factor1) {
 #pragma unroll
@@ -298,7 +290,7 @@ struct Consumer {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const std::uint32_t v = sm::pack_bf16x2(s[4 * nt + 2 * hi] * f, s[4 * nt + 2 * hi + 1] * f);
-        *reinterpret_cast<std::uint32_t*>(smem + dst + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * tq) = v;
+        *reinterpret_cast<std::uint32_t*>(smem + dst + tile_offset(r, nt) + 4 * tq) = v;
       }
     }
     pl::fence_smem_for_mma();
@@ -390,7 +382,7 @@ struct Consumer {
 
       // ---- O += P_own V_own (registers), share P_own, O += P_other V_other (smem)
       std::uint32_t a[4][4];
-      p_fragments(a);
+      mma::a_fragments_from_accumulator(s, a);
       mma::fence_operands(o);
       mma::fence();
       issue_pv_registers(a, kWg);

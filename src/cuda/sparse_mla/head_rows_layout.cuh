@@ -17,6 +17,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/common/wgmma.cuh"
+
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
@@ -61,7 +63,7 @@ static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_
 
 // Offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) in a Q / key tile.
 __host__ __device__ constexpr std::uint32_t tile_offset(int row, int chunk) {
-  return static_cast<std::uint32_t>((chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+  return wgmma::sw128_offset<kBlockBytes>(row, chunk);
 }
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows
