@@ -3,8 +3,9 @@
 # builds the CUDA tests and the CLI (Ninja, 16 jobs, sm_90a), runs the GPU tests
 # matching FILTER, the kernel bench harness and the anchors of ../shared/anchors
 # (copied into .anchors/) in the same call. Logs go flat into $OUT:
-#   env.txt (date, commit, GPU, ptxas summary), build.log, tests.log,
-#   harness.log, anchors.json / anchors.md, sass.txt (wgmma/barrier counts).
+#   env.txt (date, commit, GPU, ptxas summary, wgmma/barrier counts of the SASS),
+#   build.log, tests.log, harness.log, anchors.json, ratios.md (the harness
+#   against the anchors of this call, bench/kernel_ratios.py).
 # With --full, afterwards every GPU test and the compute-sanitizer subset
 # (tests_full.log, sanitizer.log).
 # Usage: scripts/gpu-iterate.sh [--full] [GTEST_FILTER] [HARNESS_ARGS...]
@@ -36,10 +37,12 @@ grep -E "^\||MISMATCH|FAIL" "$out/harness.log" | head -40
 echo "== anchors"
 A=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/dev/null 2>&1
-PYTHONPATH=$A python3 .anchors/anchors_bench.py --json "$out/anchors.json" --md "$out/anchors.md" >/dev/null 2>&1 || echo "ANCHORS FAILED"
-cat "$out/anchors.md" 2>/dev/null | head -40
+anchors_md=$(mktemp)
+PYTHONPATH=$A python3 .anchors/anchors_bench.py --json "$out/anchors.json" --md "$anchors_md" >/dev/null 2>&1 || echo "ANCHORS FAILED"
+cat "$anchors_md"
+python3 bench/kernel_ratios.py "$out/harness.log" "$out/anchors.json" >"$out/ratios.md" && cat "$out/ratios.md"
 obj=$(find build-gpu -name 'head_rows.cu.o' | head -1)
-[ -n "$obj" ] && cuobjdump -sass "$obj" | grep -oE "HGMMA[.A-Z0-9x]*|WARPGROUP\.[A-Z]+[^;]*|DEPBAR[^;]*|SYNCS[.A-Z]*" | sort | uniq -c >"$out/sass.txt"
+[ -n "$obj" ] && { echo; echo "== SASS of head_rows.cu.o"; cuobjdump -sass "$obj" | grep -oE "HGMMA[.A-Z0-9x]*|WARPGROUP\.[A-Z]+[^;]*|DEPBAR[^;]*|SYNCS[.A-Z]*" | sort | uniq -c; } >>"$out/env.txt"
 if [ $full = 1 ]; then
   echo "== all gpu tests"
   for t in build-gpu/tests/test_gpu_*; do

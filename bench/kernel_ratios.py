@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Ratio table of the sparse MLA kernel harness against the anchors of the same GPU call.
+
+  bench/kernel_ratios.py HARNESS_LOG ANCHORS_JSON [--title TEXT] > table.md
+
+HARNESS_LOG is the output of bench/sparse_mla_kernel_bench.cu (its markdown rows
+"| prefill bf16 H128 S1024 T16384 | us | TFLOP/s | ... | check |" and
+"| decode fp8_ds_mla H128 B64 | ..."), ANCHORS_JSON the --json output of
+../shared/anchors/anchors_bench.py from the same call. Prefill rows are matched to
+FlashMLA's sparse prefill (bf16 latent, topk_length) at the same S and H; decode
+rows to FlashMLA's fp8 sparse decode at the same batch and H. Rows without an
+anchor (other head counts, other caches) get no ratio: FlashMLA does not run them.
+"""
+import json, re, sys
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    title = sys.argv[sys.argv.index("--title") + 1] if "--title" in sys.argv else None
+    if len(args) < 2:
+        sys.exit(__doc__)
+    harness, anchors = open(args[0]).read(), json.load(open(args[1]))
+    prefill = {(r["S"], r["H"]): r["time"] * 1e3 for r in anchors["rows"] if r["what"] == "flashmla_sparse_prefill"}
+    decode = {(r["B"], r["H"]): r["time"] for r in anchors["rows"] if r["what"] == "flashmla_fp8_decode"}
+    env = anchors["env"]
+    out = []
+    if title:
+        out.append(f"## {title}\n")
+    out.append(f"Anchors of the same call: {env['gpu']}, FlashMLA {env['flashmla']}, ceilings: bf16 GEMM "
+               f"{env['ceilings']['gemm_bf16_tflops']:.0f} TFLOP/s, copy {env['ceilings']['copy_tbps']:.2f} TB/s.\n")
+    out.append("| case | dsmla us | TFLOP/s | FlashMLA us (same call) | dsmla / FlashMLA | check |")
+    out.append("|---|---|---|---|---|---|")
+    row_re = re.compile(r"^\| (prefill|decode) (\S+) H(\d+) (?:S(\d+) T\d+|B(\d+)) \| ([\d.]+) \| ([\d.]+) \| [^|]* \| (\S+) \|")
+    for line in harness.splitlines():
+        m = row_re.match(line)
+        if not m:
+            continue
+        kind, cache, h, s, b, us, tflops, check = m.groups()
+        h = int(h)
+        anchor = None
+        if kind == "prefill" and cache == "bf16":
+            anchor = prefill.get((int(s), h))
+        elif kind == "decode" and cache == "fp8_ds_mla":
+            anchor = decode.get((int(b), h))
+        name = f"{kind} {cache} H{h} " + (f"S{s}" if s else f"B{b}")
+        ratio = f"{float(us) / anchor:.2f}x" if anchor else "-"
+        out.append(f"| {name} | {float(us):.1f} | {float(tflops):.0f} | {anchor:.1f} | {ratio} | {check} |"
+                   if anchor else f"| {name} | {float(us):.1f} | {float(tflops):.0f} | - | - | {check} |")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
