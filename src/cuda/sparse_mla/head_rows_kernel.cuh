@@ -25,7 +25,8 @@ struct WorkItem {
   const KernelArgs* args;
   int token, head0, heads, split;
   int key_begin, key_end;  // top-k positions of this split (the valid ones)
-  int rounds;              // rounds of two key blocks
+  int blocks;              // blocks of 64 keys
+  int rounds;              // rounds of two key blocks (the last one may hold one)
   const std::int32_t* slot_row;
 
   WorkItem() = default;
@@ -40,7 +41,7 @@ struct WorkItem {
     count = min(max(count, 0), p->topk);
     key_begin = split * a.split_keys;
     key_end = min(key_begin + a.split_keys, count);
-    const int blocks = key_end > key_begin ? (key_end - key_begin + kBlockKeys - 1) / kBlockKeys : 0;
+    blocks = key_end > key_begin ? (key_end - key_begin + kBlockKeys - 1) / kBlockKeys : 0;
     rounds = (blocks + 1) / 2;
     slot_row = p->slots + static_cast<std::int64_t>(token) * p->topk;
   }
@@ -200,9 +201,16 @@ struct Consumer {
   }
   __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }
 
-  // Issues the S k-steps of one half of the own buffer (after it has landed).
-  __device__ __forceinline__ void issue_s_half(int round, int half) {
+  // Whether buffer 1 holds a block in round r of the item: with an odd block
+  // count the last round has none (the producer zero-fills it, its flags are
+  // all invalid), and the products that read it are skipped.
+  __device__ bool second_block(int r) const { return 2 * r + 1 < item.blocks; }
+
+  // Issues the S k-steps of one half of the own buffer (after it has landed);
+  // none when the buffer holds no block (S is then fully masked).
+  __device__ __forceinline__ void issue_s_half(int round, int half, bool live) {
     pl::wait(bars.full(kWg, half), round & 1);
+    if (!live) return;
     mma::fence();
     const std::uint32_t q = s_base + kSmemQ;
     const std::uint32_t k = s_base + kSmemK + kWg * kTileBytes;
@@ -327,9 +335,9 @@ struct Consumer {
 
   // S = Q K_own^T for round r of the item: each half as soon as it has landed.
   // Called with nothing in flight; returns with S done.
-  __device__ __forceinline__ void compute_s(int round) {
-    issue_s_half(round, kFirst);
-    issue_s_half(round, kSecond);
+  __device__ __forceinline__ void compute_s(int round, bool live) {
+    issue_s_half(round, kFirst, live);
+    issue_s_half(round, kSecond, live);
     mma::commit();
     mma::wait<0>();
     mma::fence_operands(s);
@@ -347,10 +355,11 @@ struct Consumer {
     if (rounds == 0) return;
     pl::wait(bars.q_full(), q_uses & 1);
     ++q_uses;
-    compute_s(round);
+    compute_s(round, kWg == 0 || second_block(0));
 
     for (int r = 0; r < rounds; ++r, ++round) {
       const bool more = r + 1 < rounds;
+      const bool own_live = kWg == 0 || second_block(r);
       // S of round r is done: its last read of one half of the own buffer, and
       // after the item's last round, of the query.
       if constexpr (kWg == 0) pl::arrive(bars.empty(0, kHi));
@@ -384,8 +393,10 @@ struct Consumer {
       std::uint32_t a[4][4];
       mma::a_fragments_from_accumulator(s, a);
       mma::fence_operands(o);
-      mma::fence();
-      issue_pv_registers(a, kWg);
+      if (own_live) {  // else P = 0
+        mma::fence();
+        issue_pv_registers(a, kWg);
+      }
       mma::commit();
       if constexpr (kWg == 0) {
         pl::named_sync(kConsumerThreads, kMax1Ready);
@@ -407,8 +418,10 @@ struct Consumer {
           m_run[hi] = m_final[hi];
         }
         pl::named_sync(kConsumerThreads, kP1Ready);
-        mma::fence();
-        issue_pv_smem(kSmemP1, 1);
+        if (second_block(r)) {
+          mma::fence();
+          issue_pv_smem(kSmemP1, 1);
+        }
         mma::commit();
       } else {
         store_p(kSmemP1, 1.f, 1.f);
@@ -425,11 +438,12 @@ struct Consumer {
       // refilled without waiting for that product (see the producer's order).
       const int other_half = kWg == 0 ? kLo : kHi;  // of the other buffer, read by P_other V_other
       if (more) {
-        issue_s_half(round + 1, kFirst);
+        const bool next_live = kWg == 0 || second_block(r + 1);
+        issue_s_half(round + 1, kFirst, next_live);
         mma::commit();
         mma::wait<1>();
         pl::arrive(bars.empty(kOther, other_half));
-        issue_s_half(round + 1, kSecond);
+        issue_s_half(round + 1, kSecond, next_live);
         mma::commit();
         mma::wait<0>();
         mma::fence_operands(s);
