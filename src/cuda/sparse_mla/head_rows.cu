@@ -10,8 +10,8 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
   using namespace head_rows;
-  // The opt-in is a per-function attribute: set once per process.
-  static const cudaError_t opt_in =
+  // Set on every launch: the attribute belongs to the current device's context.
+  const cudaError_t opt_in =
       cudaFuncSetAttribute(head_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (opt_in != cudaSuccess) {
     throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
