@@ -25,7 +25,7 @@ void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
     throw Error("sparse MLA kernel: cannot query the current CUDA device");
   }
   const std::int64_t items =
-      static_cast<std::int64_t>(args.p.num_tokens) * (args.p.num_heads / kRows) * args.num_splits;
+      static_cast<std::int64_t>(args.p.num_tokens) * head_blocks(args.p.num_heads) * args.num_splits;
   if (items > INT32_MAX) throw Error("sparse MLA kernel: " + std::to_string(items) + " work items exceed 2^31");
   const unsigned ctas = static_cast<unsigned>(std::min<std::int64_t>(items, sm_count));
   head_rows_kernel<<<ctas, kThreads, kSmemBytes, stream>>>(args);

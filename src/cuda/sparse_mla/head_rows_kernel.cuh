@@ -1,5 +1,5 @@
-// The warp-specialised heads-as-rows sparse MLA kernel (bf16 cache, H a
-// multiple of 64); the design is described in head_rows_layout.cuh.
+// The warp-specialised heads-as-rows sparse MLA kernel (bf16 cache); the
+// design is described in head_rows_layout.cuh.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -32,11 +32,11 @@ struct WorkItem {
   WorkItem() = default;
   // `count` = valid_counts[token_of(a, item)], loaded ahead by the caller.
   __device__ WorkItem(const KernelArgs& a, int item, int count) : p(&a.p), args(&a) {
-    const int head_blocks = p->num_heads / kRows;
+    const int blocks_of_heads = head_blocks(p->num_heads);
     split = item % a.num_splits;
     const int token_block = item / a.num_splits;
-    token = token_block / head_blocks;
-    head0 = (token_block % head_blocks) * kRows;
+    token = token_block / blocks_of_heads;
+    head0 = (token_block % blocks_of_heads) * kRows;
     heads = min(kRows, p->num_heads - head0);
     count = min(max(count, 0), p->topk);
     key_begin = split * a.split_keys;
@@ -48,7 +48,7 @@ struct WorkItem {
   // The valid count of an item's token (a load the caller issues early), 0 past the last item.
   static __device__ __forceinline__ int load_count(const KernelArgs& a, int item, int items) {
     if (item >= items) return 0;
-    return __ldg(a.p.valid_counts + item / a.num_splits / (a.p.num_heads / kRows));
+    return __ldg(a.p.valid_counts + item / a.num_splits / head_blocks(a.p.num_heads));
   }
   // The slot of key `key` of block `block` as stored (-1 past the valid range):
   // a load with no use attached, so that several can be in flight at once.
@@ -63,7 +63,7 @@ struct WorkItem {
 };
 
 inline __device__ int num_items(const KernelArgs& a) {
-  return a.p.num_tokens * (a.p.num_heads / kRows) * a.num_splits;
+  return a.p.num_tokens * head_blocks(a.p.num_heads) * a.num_splits;
 }
 
 // Barrier phases run on across items: every round uses each key barrier once,

@@ -1,5 +1,7 @@
 // Shapes, shared-memory plan and barrier roles of the warp-specialised
-// heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), for H a multiple of 64.
+// heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), the bf16-cache kernel
+// for every head count (16 and 32 heads run padded to 64 rows: the keys-as-rows
+// tile kernel they had is slower even so).
 //
 // Work split: a persistent grid; a CTA takes work items (token, 64 heads,
 // split of the top-k range) round-robin and has three warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
@@ -60,6 +62,10 @@ inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr int kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
 static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");
+
+// Blocks of 64 heads of a token; the last one may be partial (its missing
+// rows run on zero queries and are not stored).
+__host__ __device__ constexpr int head_blocks(int num_heads) { return (num_heads + kRows - 1) / kRows; }
 
 // Offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) in a Q / key tile.
 __host__ __device__ constexpr std::uint32_t tile_offset(int row, int chunk) {

@@ -1,7 +1,7 @@
 // The heads-as-rows sparse MLA kernel (tile_layout.cuh: work split, shared
 // memory, pipeline): S = Q K^T and O += P V with the CTA's 64 heads as the
 // wgmma M; the two warpgroups split the keys of S and the columns of O. Used
-// for the fp8 caches and for H that is neither 16, 32 nor a multiple of 64.
+// for the fp8 caches when H is not 16 or 32.
 #pragma once
 #include <cuda_bf16.h>
 

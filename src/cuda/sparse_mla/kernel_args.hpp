@@ -24,7 +24,7 @@ struct KernelArgs {
 template <CacheFormat F>
 void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream);
 
-// The warp-specialised kernel for a bf16 cache and H a multiple of 64 (head_rows_kernel.cuh).
+// The warp-specialised kernel for a bf16 cache, any head count (head_rows_kernel.cuh).
 void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream);
 
 }  // namespace dsmla::cuda::sparse_mla_detail

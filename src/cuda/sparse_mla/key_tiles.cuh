@@ -1,7 +1,7 @@
 // The key side of the older sparse MLA kernels (tile_layout.cuh): the 64-key
 // tiles of a CTA's top-k range gathered into the double-buffered K[2] as bf16,
-// from a bf16 cache with cp.async, from an fp8 cache through registers with
-// dequantisation (Fp8Gather), plus the ring of slot numbers and the query load.
+// from an fp8 cache through registers with dequantisation (Fp8Gather), plus the
+// ring of slot numbers and the query load.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -133,11 +133,11 @@ struct Fp8Gather {
 
 // The key side of a CTA, shared by both kernels: the top-k range of its split,
 // the ring of slot numbers, the double-buffered gather of 64-key tiles into
-// smem (cp.async for the bf16 cache, Fp8Gather for the fp8 ones) and the query
-// load of the prologue.
+// smem (Fp8Gather: the tile kernels serve the fp8 caches; a bf16 cache runs the
+// warp-specialised head_rows kernel) and the query load of the prologue.
 template <CacheFormat F>
 struct KeyTiles {
-  static constexpr bool kBf16Cache = F == CacheFormat::bf16;
+  static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "the tile kernels read fp8 caches");
 
   const std::int32_t* __restrict__ slot_row;
   const std::uint8_t* __restrict__ cache;
@@ -148,7 +148,6 @@ struct KeyTiles {
   int num_tiles;
   int tid;
   std::int32_t* ring;      // [3][64]: slot numbers of tile t in ring[t % 3]
-  std::uint8_t* k_tiles;   // K[2] (cp.async targets)
   std::uint32_t sK;        // its shared-window address (descriptors, fp8 stores)
   Fp8Gather<F> gather;
 
@@ -160,7 +159,6 @@ struct KeyTiles {
         k_scale(args.p.k_scale),
         tid(thread),
         ring(reinterpret_cast<std::int32_t*>(smem + kSmemSlots)),
-        k_tiles(smem + kSmemK),
         sK(s_base + kSmemK) {
     const int count = min(max(args.p.valid_counts[token], 0), args.p.topk);
     key_begin = split * args.split_keys;
@@ -181,20 +179,6 @@ struct KeyTiles {
       const int idx = key_begin + t * kTileKeys + tid;
       const bool in = idx < key_end;
       pipeline::copy_4(ring + (t % 3) * kTileKeys + tid, slot_row + (in ? idx : 0), in);
-    }
-  }
-
-  // bf16 cache: 64 keys x 72 chunks, 18 cp.async per thread.
-  __device__ __forceinline__ void issue_tile_bf16(int t) {
-#pragma unroll 6
-    for (int i = 0; i < kTileKeys * kRowChunks / kThreads; ++i) {
-      const int c = tid + kThreads * i;
-      const int key = c / kRowChunks;
-      const int ch = c - key * kRowChunks;
-      const bool ok = key_ok(t, key);
-      const std::int64_t s = ok ? slot(t, key) : 0;
-      pipeline::copy_16(k_tiles + (t & 1) * kSmemKBytes + tile_offset(key, ch), cache + s * (kKeyDim * 2) + ch * 16,
-                        ok);
     }
   }
 
@@ -219,30 +203,22 @@ struct KeyTiles {
     pipeline::commit_copies();
     pipeline::wait_copies<1>();  // the slots, not yet the query
     __syncthreads();
-    if constexpr (kBf16Cache) {
-      issue_tile_bf16(0);
-    } else {
-      auto ok = [&](int key) { return key_ok(0, key); };
-      auto slot0 = [&](int key) { return slot(0, key); };
-      gather.template load<0>(cache, k_scale, tid, ok, slot0);
-      gather.template store<0>(sK, tid);
-      gather.template load<1>(cache, k_scale, tid, ok, slot0);
-      gather.template store<1>(sK, tid);
-    }
+    auto ok = [&](int key) { return key_ok(0, key); };
+    auto slot0 = [&](int key) { return slot(0, key); };
+    gather.template load<0>(cache, k_scale, tid, ok, slot0);
+    gather.template store<0>(sK, tid);
+    gather.template load<1>(cache, k_scale, tid, ok, slot0);
+    gather.template store<1>(sK, tid);
     if (num_tiles > 1) issue_slots(1);
     pipeline::commit_copies();
   }
 
   // Top of tile t: waits until tile t and the slots of tile t+1 are in smem and
-  // every thread is done with tile t-1, then starts the bf16 gather of tile t+1
-  // and the slots of tile t+2.
+  // every thread is done with tile t-1, then starts the slots of tile t+2.
   __device__ __forceinline__ void begin_tile(int t) {
     pipeline::wait_copies<0>();
     pipeline::fence_smem_for_mma();
     __syncthreads();
-    if constexpr (kBf16Cache) {
-      if (t + 1 < num_tiles) issue_tile_bf16(t + 1);
-    }
     if (t + 2 < num_tiles) issue_slots(t + 2);
     pipeline::commit_copies();
   }
@@ -250,20 +226,16 @@ struct KeyTiles {
   // fp8 caches: global loads of part kPart of tile t+1 (before a product) ...
   template <int kPart>
   __device__ __forceinline__ void load_next(int t) {
-    if constexpr (!kBf16Cache) {
-      if (t + 1 < num_tiles) {
-        auto ok = [&](int key) { return key_ok(t + 1, key); };
-        auto slot_next = [&](int key) { return slot(t + 1, key); };
-        gather.template load<kPart>(cache, k_scale, tid, ok, slot_next);
-      }
+    if (t + 1 < num_tiles) {
+      auto ok = [&](int key) { return key_ok(t + 1, key); };
+      auto slot_next = [&](int key) { return slot(t + 1, key); };
+      gather.template load<kPart>(cache, k_scale, tid, ok, slot_next);
     }
   }
   // ... and their bf16 stores into the other key buffer (after it).
   template <int kPart>
   __device__ __forceinline__ void store_next(int t) {
-    if constexpr (!kBf16Cache) {
-      if (t + 1 < num_tiles) gather.template store<kPart>(kbuf(t + 1), tid);
-    }
+    if (t + 1 < num_tiles) gather.template store<kPart>(kbuf(t + 1), tid);
   }
 };
 

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "cuda/sparse_mla/sparse_mla.hpp"
-#include "cuda/sparse_mla/head_rows_layout.cuh"
 #include "cuda/sparse_mla/sparse_mla_kernel.cuh"
 
 namespace dsmla::cuda {
@@ -167,13 +166,7 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   }
 
   switch (p.format) {
-    case CacheFormat::bf16:
-      if (p.num_heads % sparse_mla_detail::head_rows::kRows == 0) {
-        sparse_mla_detail::run_head_rows_kernel(args, stream);
-      } else {
-        sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::bf16>(args, stream);
-      }
-      break;
+    case CacheFormat::bf16: sparse_mla_detail::run_head_rows_kernel(args, stream); break;
     case CacheFormat::fp8_ds_mla:
       sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(args, stream);
       break;

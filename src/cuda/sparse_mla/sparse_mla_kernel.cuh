@@ -41,7 +41,6 @@ void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream) {
 }
 
 // Each format is compiled in its own translation unit (sparse_mla_<format>.cu).
-extern template void run_sparse_mla_kernel<CacheFormat::bf16>(const KernelArgs&, cudaStream_t);
 extern template void run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(const KernelArgs&, cudaStream_t);
 extern template void run_sparse_mla_kernel<CacheFormat::fp8>(const KernelArgs&, cudaStream_t);
 

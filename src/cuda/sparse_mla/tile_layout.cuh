@@ -1,8 +1,8 @@
 // Layout of the two older sparse MLA forward kernels (DESIGN §2, absorbed
 // "MQA" path, sm_90a): heads_as_rows_kernel.cuh and keys_as_rows_kernel.cuh,
-// fed by key_tiles.cuh and launched from sparse_mla_kernel.cuh. The
-// warp-specialised kernel for a bf16 cache and H a multiple of 64 has its own
-// layout (head_rows_layout.cuh).
+// fed by key_tiles.cuh and launched from sparse_mla_kernel.cuh; they serve the
+// fp8 caches. The warp-specialised kernel of the bf16 cache has its own layout
+// (head_rows_layout.cuh).
 //
 // Work split
 //   One CTA per (token, block of up to 64 heads, split of the top-k range),
