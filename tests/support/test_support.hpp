@@ -1,7 +1,7 @@
 // Shared helpers of the dsmla test suites (CPU and GPU): guard bytes around
 // outputs, poisoning, test scale, cache variants, a runner for the CPU backend
 // on a Case and a check against the naive reference. Outputs are compared with
-// dsmla::compare_outputs (dsmla/compare.hpp), the policy the CLI uses too.
+// dsmla::compare_outputs (dsmla/testing/compare.hpp), the policy the CLI uses too.
 #pragma once
 #include <cstddef>
 #include <cstdint>
