@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """cuDNN SDPA baseline for the dense MHA kernel, same shapes as
-bench/dense_mha_kernel_bench.cu: 16384 query tokens in causal sequences of S
+tools/bench/kernels/dense_mha_kernel_bench.cu (build/dense_mha_kernel_bench): 16384 query tokens in causal sequences of S
 (B = 16384 / S), q/k head dim 192, v head dim 128, bf16, random data.
 Median of 30 CUDA-event timings after 5 warm-ups.
 

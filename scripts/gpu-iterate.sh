@@ -28,20 +28,11 @@ for t in build-gpu/tests/test_gpu_*; do
   timeout 240 "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
 done
 tail -5 "$out/tests.log"
-echo "== kernel harnesses"
-nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc \
-  -isystem .deps/cutlass/include bench/dense_mha_kernel_bench.cu src/cuda/dense_mha/*.cu src/cuda/dense_mha/*.cpp \
-  -o /tmp/dense_mha_bench >"$out/dense_build.tmp" 2>&1 &
-dense_build=$!
-nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc \
-  -isystem .deps/cutlass/include bench/sparse_mla_kernel_bench.cu src/cuda/sparse_mla/*.cu src/format/*.cpp \
-  -o /tmp/sparse_mla_bench >>"$out/build.log" 2>&1 || { echo "HARNESS BUILD FAILED"; status=1; }
-[ -x /tmp/sparse_mla_bench ] && timeout 150 /tmp/sparse_mla_bench "$@" >"$out/harness.log" 2>&1 || status=1
+echo "== kernel harnesses (build-gpu/*_kernel_bench, built with the rest)"
+timeout 150 build-gpu/sparse_mla_kernel_bench "$@" >"$out/harness.log" 2>&1 || status=1
 grep -E "^\||MISMATCH|FAIL" "$out/harness.log" | head -40
-wait $dense_build || { echo "DENSE HARNESS BUILD FAILED"; status=1; }
-cat "$out/dense_build.tmp" >>"$out/build.log"; rm -f "$out/dense_build.tmp"
 { echo; echo "== dense MHA kernel harness"; } >>"$out/harness.log"
-[ -x /tmp/dense_mha_bench ] && timeout 100 /tmp/dense_mha_bench >>"$out/harness.log" 2>&1 || status=1
+timeout 100 build-gpu/dense_mha_kernel_bench >>"$out/harness.log" 2>&1 || status=1
 sed -n '/== dense MHA kernel harness/,$p' "$out/harness.log" | grep -iE "ms|fail|mismatch" | head -20
 echo "== anchors"
 A=$(mktemp -d)

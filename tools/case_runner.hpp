@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dsmla/attention.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 
 namespace dsmla::tools {
 

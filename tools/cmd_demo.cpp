@@ -9,7 +9,7 @@
 
 #include "case_runner.hpp"
 #include "cli.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
 
 namespace dsmla::tools {

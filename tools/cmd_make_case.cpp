@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cli.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 
 namespace dsmla::tools {
 

@@ -8,6 +8,7 @@
 
 #include "cli.hpp"
 #include "dsmla/plan.hpp"
+#include "dsmla/testing/batch.hpp"
 
 namespace dsmla::tools {
 

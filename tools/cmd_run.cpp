@@ -6,10 +6,10 @@
 
 #include "case_runner.hpp"
 #include "cli.hpp"
-#include "dsmla/case.hpp"
-#include "dsmla/compare.hpp"
+#include "dsmla/testing/case.hpp"
+#include "dsmla/testing/compare.hpp"
 #include "dsmla/format.hpp"
-#include "dsmla/safetensors.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla::tools {
 

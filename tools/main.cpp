@@ -7,8 +7,9 @@
 #include <new>
 #include <string>
 
-#include "bench.hpp"
+#include "bench/bench.hpp"
 #include "cli.hpp"
+#include "dsmla/version.h"
 
 namespace {
 
@@ -39,7 +40,7 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (command == "--version") {
-    std::printf("dsmla 0.1.0\n");
+    std::printf("dsmla %s\n", DSMLA_VERSION_STRING);
     return 0;
   }
   // Subcommands see argv[0] = their own name.

@@ -27,6 +27,16 @@ inline constexpr int kDsMlaNumTiles = kLatentDim / kDsMlaTile;  // 4
 inline constexpr int kDsMlaScaleOffset = kLatentDim;            // 512: 4 x fp32
 inline constexpr int kDsMlaRopeOffset = kLatentDim + 4 * kDsMlaNumTiles;  // 528: 64 x bf16
 
+// Bytes of one cache token (the table of DESIGN §4), 0 for a value outside the
+// enum: the one definition behind bytes_per_token(), constexpr so that device
+// code (built with --expt-relaxed-constexpr) uses it too.
+constexpr int cache_token_bytes(CacheFormat f) {
+  return f == CacheFormat::bf16         ? 2 * kLatentKeyDim                 // 1152: 576 x bf16
+         : f == CacheFormat::fp8_ds_mla ? kDsMlaRopeOffset + 2 * kRopeDim   // 656
+         : f == CacheFormat::fp8        ? kLatentKeyDim                     // 576: 576 x e4m3
+                                        : 0;
+}
+
 // Quantise one token into `dst` (bytes_per_token(fmt) bytes).
 // kv_c: 512 values, k_pe: 64 values, both given as bf16 bits (the model's dtype).
 // k_scale is used by CacheFormat::fp8 only (stored value = x / k_scale).

@@ -1,6 +1,7 @@
 // Basic vocabulary shared by every part of dsmla: model dimensions, cache
 // formats, routing policies, token paths and the one exception type.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,9 @@ enum class TokenPath : std::uint8_t {
   dense = 3,    // short prefill: dense causal MHA
 };
 
+// Bytes of one cache token of format f (DESIGN §4: 1152, 656, 576); throws
+// Error for a value outside the enum. The compile-time form, usable in device
+// code, is cache_token_bytes() in dsmla/format.hpp.
 int bytes_per_token(CacheFormat f);
 std::string_view to_string(CacheFormat f);
 std::string_view to_string(RoutingPolicy p);
@@ -52,6 +56,14 @@ std::string_view to_string(TokenPath p);
 // Parse the names used in DESIGN and in case files; throws Error naming the text.
 CacheFormat parse_cache_format(std::string_view s);
 RoutingPolicy parse_routing_policy(std::string_view s);
+
+// Every workspace region (Plan::ws_*, the CUDA backend's own scratch) starts at
+// a multiple of this many bytes.
+inline constexpr std::size_t kWorkspaceAlignment = 256;
+// `bytes` rounded up to a multiple of `alignment`.
+constexpr std::size_t align_up(std::size_t bytes, std::size_t alignment = kWorkspaceAlignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
 
 // The default softmax scale of DeepSeek-V3.2: 192^-0.5 * mscale^2, mscale = 0.1 ln 40 + 1.
 double default_softmax_scale();

@@ -16,6 +16,7 @@
 
 #include "dsmla/attention.hpp"
 #include "dsmla/types.hpp"
+#include "dsmla/version.h"
 
 struct dsmla_attention {
   std::unique_ptr<dsmla::Attention> attention;
@@ -97,7 +98,7 @@ extern "C" {
 
 const char* dsmla_last_error(void) { return g_last_error.c_str(); }
 
-const char* dsmla_version(void) { return "0.1.0"; }
+const char* dsmla_version(void) { return DSMLA_VERSION_STRING; }
 
 void dsmla_default_options(dsmla_options* options) {
   if (options == nullptr) return;

@@ -31,7 +31,7 @@
 //    the GPU, and the float32-vs-float64 tests measure what those roundings cost
 //    (about one output in a million lands just past the DESIGN bf16 tolerance;
 //    without them float32 stays below 0.4x of it: see bf16_pipeline_tolerance in
-//    include/dsmla/compare.hpp). float64 mode never rounds an intermediate; only the outputs are
+//    dsmla/testing/compare.hpp). float64 mode never rounds an intermediate; only the outputs are
 //    rounded (out to bf16, lse to float).
 #include <algorithm>
 #include <cmath>

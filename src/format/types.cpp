@@ -1,15 +1,12 @@
 #include <cmath>
 
+#include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
 
 namespace dsmla {
 
 int bytes_per_token(CacheFormat f) {
-  switch (f) {
-    case CacheFormat::bf16: return 1152;
-    case CacheFormat::fp8_ds_mla: return 656;
-    case CacheFormat::fp8: return 576;
-  }
+  if (const int bytes = cache_token_bytes(f); bytes > 0) return bytes;
   throw Error("unknown cache format " + std::to_string(static_cast<int>(f)));
 }
 

@@ -47,8 +47,6 @@ namespace {
 
 using plan_detail::fail;
 
-constexpr std::size_t kWorkspaceAlignment = 256;
-
 void check_options(const PlanOptions& o) {
   if (o.num_heads < 16 || o.num_heads > 128 || o.num_heads % 16 != 0)
     fail("num_heads ", o.num_heads, " is not a multiple of 16 in [16, 128]");
@@ -182,10 +180,6 @@ std::vector<RequestRoute> route_requests(const BatchDesc& b, const PlanOptions& 
     }
   }
   return routes;
-}
-
-std::size_t align_up(std::size_t n) {
-  return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
 std::size_t checked_product(std::initializer_list<std::size_t> factors) {

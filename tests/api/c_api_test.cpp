@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "dsmla/attention.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/dsmla.h"
+#include "dsmla/version.h"
 
 namespace dsmla::test {
 namespace {
@@ -112,7 +113,7 @@ TEST(CApi, DefaultsAndConstants) {
   EXPECT_EQ(dsmla_cache_bytes_per_token(DSMLA_CACHE_FP8), 576);
   EXPECT_EQ(dsmla_cache_bytes_per_token(9), DSMLA_ERR_INVALID_ARGUMENT);
   EXPECT_NE(last_error().find("cache_format 9"), std::string::npos) << last_error();
-  EXPECT_STREQ(dsmla_version(), "0.1.0");
+  EXPECT_STREQ(dsmla_version(), DSMLA_VERSION_STRING);
   EXPECT_EQ(dsmla_cuda_available(), cuda_backend_available() ? 1 : 0);
 }
 

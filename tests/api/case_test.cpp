@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "cli/scratch_dir.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
-#include "dsmla/safetensors.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla::test {
 namespace {

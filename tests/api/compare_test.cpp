@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dsmla/compare.hpp"
+#include "dsmla/testing/compare.hpp"
 #include "dsmla/format.hpp"
 
 namespace dsmla {

@@ -29,8 +29,9 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/stream.hpp"
 #include "dsmla/attention.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
 #include "support/test_support.hpp"
 
@@ -40,9 +41,9 @@ namespace {
 using cuda::DeviceBuffer;
 using test::GuardedBuffer;
 
-void check(cudaError_t status, const char* what) {
-  ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
-}
+using cuda::Stream;
+// A failing CUDA call throws dsmla::Error naming the call; the test fails with it.
+using cuda::check_cuda;
 
 // ---------------------------------------------------------------- worst errors, printed at the end
 
@@ -79,11 +80,11 @@ class DeviceGuarded {
   T* device_data() { return reinterpret_cast<T*>(device_.data() + host_.guard_bytes()); }
   void upload() {
     const auto raw = host_.raw_bytes();
-    check(cudaMemcpy(device_.data(), raw.data(), raw.size(), cudaMemcpyHostToDevice), "upload");
+    check_cuda(cudaMemcpy(device_.data(), raw.data(), raw.size(), cudaMemcpyHostToDevice), "upload");
   }
   void download() {
     const auto raw = host_.raw_bytes();
-    check(cudaMemcpy(raw.data(), device_.data(), raw.size(), cudaMemcpyDeviceToHost), "download");
+    check_cuda(cudaMemcpy(raw.data(), device_.data(), raw.size(), cudaMemcpyDeviceToHost), "download");
   }
   void expect_guards_intact(const char* name) const {
     EXPECT_TRUE(host_.guards_intact()) << host_.damaged_guard_bytes() << " guard bytes around " << name
@@ -93,18 +94,6 @@ class DeviceGuarded {
  private:
   GuardedBuffer<T> host_;
   DeviceBuffer<std::uint8_t> device_;
-};
-
-class Stream {
- public:
-  Stream() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
 };
 
 // Every tensor of a Case in device memory. The outputs, the cache and the workspace
@@ -202,7 +191,7 @@ test::ForwardResult run_gpu_forward(const Case& c) {
   d.prepare(c);
   Stream stream;
   attention.run(d.inputs(c), d.workspace(), stream.get());
-  check(cudaStreamSynchronize(stream.get()), "run");
+  check_cuda(cudaStreamSynchronize(stream.get()), "run");
   return d.collect(plan, c.num_heads);
 }
 
@@ -520,14 +509,14 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
   // kernels finish their lazy one-time setup outside the capture).
   d.prepare(base);
   attention.run(d.inputs(base), d.workspace(), stream.get());
-  check(cudaStreamSynchronize(stream.get()), "warm-up run");
+  check_cuda(cudaStreamSynchronize(stream.get()), "warm-up run");
 
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "begin capture");
+  check_cuda(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "begin capture");
   attention.run(d.inputs(base), d.workspace(), stream.get());
-  check(cudaStreamEndCapture(stream.get(), &graph), "end capture");
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check_cuda(cudaStreamEndCapture(stream.get(), &graph), "end capture");
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
   std::vector<std::uint16_t> previous_out;
   for (std::uint64_t step = 1; step <= 3; ++step) {
@@ -541,8 +530,8 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
     next.topk_indices = std::move(fresh.topk_indices);
     d.upload_step_inputs(next);
     d.prepare(next);
-    check(cudaGraphLaunch(exec, stream.get()), "graph launch");
-    check(cudaStreamSynchronize(stream.get()), "graph replay");
+    check_cuda(cudaGraphLaunch(exec, stream.get()), "graph launch");
+    check_cuda(cudaStreamSynchronize(stream.get()), "graph replay");
     const test::ForwardResult got = d.collect(plan, base.num_heads);
     const test::ForwardResult ref =
         test::run_cpu_forward(next, {.precision = CpuPrecision::float32, .threads = 0, .checked = true});
@@ -556,16 +545,16 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
 
   // Informational: the replay time of this 16-request decode step.
   cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
+  check_cuda(cudaEventCreate(&start), "event");
+  check_cuda(cudaEventCreate(&stop), "event");
   constexpr int kReplays = 50;
-  check(cudaGraphLaunch(exec, stream.get()), "warm-up");
-  check(cudaEventRecord(start, stream.get()), "record");
-  for (int i = 0; i < kReplays; ++i) check(cudaGraphLaunch(exec, stream.get()), "graph launch");
-  check(cudaEventRecord(stop, stream.get()), "record");
-  check(cudaEventSynchronize(stop), "sync");
+  check_cuda(cudaGraphLaunch(exec, stream.get()), "warm-up");
+  check_cuda(cudaEventRecord(start, stream.get()), "record");
+  for (int i = 0; i < kReplays; ++i) check_cuda(cudaGraphLaunch(exec, stream.get()), "graph launch");
+  check_cuda(cudaEventRecord(stop, stream.get()), "record");
+  check_cuda(cudaEventSynchronize(stop), "sync");
   float ms = 0;
-  check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+  check_cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
   std::printf("[graph] %s: 16 decodes, H 64, topk 128: %.1f us per replayed step\n", kCaches[GetParam()].name,
               1000.f * ms / kReplays);
   cudaEventDestroy(start);
@@ -604,7 +593,7 @@ TEST(GpuBadIndices, CheckedEntryRejectsOutOfRange) {
       EXPECT_NE(std::string(e.what()).find("token 1"), std::string::npos) << e.what();
     }
   }
-  check(cudaDeviceSynchronize(), "sync");
+  check_cuda(cudaDeviceSynchronize(), "sync");
 }
 
 // run() (unchecked) with -1, the last valid position, positions at and beyond seq_len and

@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "support/test_support.hpp"
 
 namespace dsmla {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "support/test_support.hpp"
 
 namespace dsmla {

@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "support/test_support.hpp"
 
 namespace dsmla {

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "cli_runner.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/plan.hpp"
-#include "dsmla/safetensors.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla::test {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dsmla/attention.hpp"
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
 #include "support/test_support.hpp"
 

@@ -1,5 +1,5 @@
 // The CPU backend (float64 and float32) against the naive float64 reference of
-// src/cpu/reference.hpp on small random cases: every path (decode, sparse
+// dsmla/testing/reference.hpp on small random cases: every path (decode, sparse
 // prefill with random subsets and holes, dense prefill with a cached prefix),
 // every cache format, and the corner cases of DESIGN §5.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
 #include "support/test_support.hpp"
 

@@ -79,8 +79,8 @@ TEST_P(ConvertTopkTest, CompactsValidSlotsInInputOrder) {
   d_topk.upload(topk_indices);
   d_table.upload(block_table);
   d_tokens.upload(tokens);
-  ASSERT_EQ(cudaMemset(d_slots.data(), 0x5a, d_slots.bytes()), cudaSuccess);
-  ASSERT_EQ(cudaMemset(d_counts.data(), 0x5a, d_counts.bytes()), cudaSuccess);
+  DSMLA_CUDA_CHECK(cudaMemset(d_slots.data(), 0x5a, d_slots.bytes()));
+  DSMLA_CUDA_CHECK(cudaMemset(d_counts.data(), 0x5a, d_counts.bytes()));
   cuda::launch_convert_topk({.topk_indices = d_topk.data(),
                              .topk = topk,
                              .tokens = d_tokens.data(),
@@ -92,7 +92,7 @@ TEST_P(ConvertTopkTest, CompactsValidSlotsInInputOrder) {
                              .slots = d_slots.data(),
                              .valid_counts = d_counts.data()},
                             nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(d_counts.download(), want_counts);
   const std::vector<std::int32_t> got = d_slots.download();
   for (std::size_t i = 0; i < tokens.size(); ++i)

@@ -153,7 +153,7 @@ TEST_P(CacheWriteTest, BytesEqualHostWriter) {
                             .format = fc.format,
                             .k_scale = fc.k_scale},
                            nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   expect_same_bytes(want, d_cache.download_checked(), bpt, fc.name() + " cache after the write");
 }
 
@@ -224,7 +224,7 @@ TEST_P(CacheWriteTest, GatherLatentMatchesHostDequantisation) {
                               .k_scale = fc.k_scale,
                               .latent = reinterpret_cast<std::uint16_t*>(d_latent.data())},
                              nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<std::uint8_t> got_bytes = d_latent.download_checked();
   std::vector<std::uint8_t> want_bytes(want.size() * 2);
   std::memcpy(want_bytes.data(), want.data(), want_bytes.size());

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/device_buffer.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
@@ -25,24 +26,6 @@ namespace {
 
 constexpr std::uint16_t kPoisonBf16 = 0xFFFF;     // a NaN
 constexpr std::uint32_t kPoisonLse = 0xFFFFFFFFu;  // a NaN
-
-#define ASSERT_CUDA(x)                                                   \
-  do {                                                                   \
-    const cudaError_t err_ = (x);                                        \
-    ASSERT_EQ(err_, cudaSuccess) << #x << ": " << cudaGetErrorString(err_); \
-  } while (0)
-
-// Device buffer that frees itself.
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t n) {
-    if (cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 DenseRequest dense_request(int request, int q_start, int q_len, int ctx_len, std::int64_t kv_row_start) {
   return DenseRequest{request, q_start, q_len, ctx_len, ctx_len + q_len, kv_row_start};
@@ -154,34 +137,33 @@ TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
   DeviceBuffer<float> d_lse(lse_elems);
   DeviceBuffer<DenseMhaRequest> d_req(requests.size());
   DeviceBuffer<DenseMhaWorkItem> d_work(work.size());
-  ASSERT_TRUE(d_q.ptr && d_kv.ptr && d_lat.ptr && d_out.ptr && d_lse.ptr && d_req.ptr && d_work.ptr);
-  ASSERT_CUDA(cudaMemcpy(d_q.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d_kv.ptr, kv_up.data(), kv_up.size() * 2, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d_lat.ptr, latent.data(), latent.size() * 2, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d_req.ptr, requests.data(), requests.size() * sizeof(DenseMhaRequest),
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_q.data(), q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_kv.data(), kv_up.data(), kv_up.size() * 2, cudaMemcpyHostToDevice));
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_lat.data(), latent.data(), latent.size() * 2, cudaMemcpyHostToDevice));
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_req.data(), requests.data(), requests.size() * sizeof(DenseMhaRequest),
                          cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d_work.ptr, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemset(d_out.ptr, 0xFF, out_elems * 2));
-  ASSERT_CUDA(cudaMemset(d_lse.ptr, 0xFF, lse_elems * 4));
+  DSMLA_CUDA_CHECK(cudaMemcpy(d_work.data(), work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
+  DSMLA_CUDA_CHECK(cudaMemset(d_out.data(), 0xFF, out_elems * 2));
+  DSMLA_CUDA_CHECK(cudaMemset(d_lse.data(), 0xFF, lse_elems * 4));
 
   DenseMhaParams p;
-  p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.ptr);
-  p.kv_up = reinterpret_cast<const __nv_bfloat16*>(d_kv.ptr);
-  p.latent = reinterpret_cast<const __nv_bfloat16*>(d_lat.ptr);
-  p.requests = d_req.ptr;
-  p.work = d_work.ptr;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.data());
+  p.kv_up = reinterpret_cast<const __nv_bfloat16*>(d_kv.data());
+  p.latent = reinterpret_cast<const __nv_bfloat16*>(d_lat.data());
+  p.requests = d_req.data();
+  p.work = d_work.data();
   p.num_work_items = static_cast<int>(work.size());
   p.num_heads = H;
   p.softmax_scale = scale;
-  p.out = reinterpret_cast<__nv_bfloat16*>(d_out.ptr);
-  p.lse = d_lse.ptr;
+  p.out = reinterpret_cast<__nv_bfloat16*>(d_out.data());
+  p.lse = d_lse.data();
   launch_dense_mha(p, nullptr);
-  ASSERT_CUDA(cudaDeviceSynchronize());
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
   std::vector<std::uint16_t> out(out_elems);
   std::vector<float> lse(lse_elems);
-  ASSERT_CUDA(cudaMemcpy(out.data(), d_out.ptr, out_elems * 2, cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(lse.data(), d_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+  DSMLA_CUDA_CHECK(cudaMemcpy(out.data(), d_out.data(), out_elems * 2, cudaMemcpyDeviceToHost));
+  DSMLA_CUDA_CHECK(cudaMemcpy(lse.data(), d_lse.data(), lse_elems * 4, cudaMemcpyDeviceToHost));
 
   // Ownership: dense rows fully written (no poison left), other rows untouched.
   std::vector<bool> owned(batch.num_rows, false);

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "dsmla/safetensors.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla::io {
 namespace {

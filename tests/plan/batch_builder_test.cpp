@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dsmla/plan.hpp"
+#include "dsmla/testing/batch.hpp"
 #include "plan/plan_test_batch.hpp"
 
 namespace dsmla {

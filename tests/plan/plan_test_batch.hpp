@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dsmla/plan.hpp"
+#include "dsmla/testing/batch.hpp"
 
 namespace dsmla::test {
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <sstream>
 
-#include "cpu/reference.hpp"
 #include "dsmla/format.hpp"
+#include "dsmla/testing/reference.hpp"
 
 namespace dsmla::test {
 

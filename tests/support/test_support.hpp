@@ -1,7 +1,7 @@
 // Shared helpers of the dsmla test suites (CPU and GPU): guard bytes around
 // outputs, poisoning, test scale, cache variants, a runner for the CPU backend
 // on a Case and a check against the naive reference. Outputs are compared with
-// dsmla::compare_outputs (dsmla/compare.hpp), the policy the CLI uses too.
+// dsmla::compare_outputs (dsmla/testing/compare.hpp), the policy the CLI uses too.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "dsmla/attention.hpp"
-#include "dsmla/case.hpp"
-#include "dsmla/compare.hpp"
+#include "dsmla/testing/case.hpp"
+#include "dsmla/testing/compare.hpp"
 #include "dsmla/plan.hpp"
 #include "dsmla/types.hpp"
 
@@ -149,7 +149,7 @@ struct NaiveReport {
 };
 
 // Recomputes sampled (token, head) pairs of a forward of `c` with the naive
-// float64 reference (src/cpu/reference.hpp), from the DESIGN formulas: a
+// float64 reference (dsmla/testing/reference.hpp), from the DESIGN formulas: a
 // sparse/decode row over its valid top-k positions (absorbed formula, keys read
 // from the cache the run left), a dense row over positions 0..pos (MHA formula,
 // the prefix from the cache, the new tokens from the fresh inputs). `got` is the

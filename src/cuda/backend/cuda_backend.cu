@@ -58,13 +58,6 @@ namespace {
 
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // cuBLAS' advice for Hopper
 
-void check_cublas(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string(what) + " failed: " + cublasGetStatusName(status) + " (" +
-                cublasGetStatusString(status) + ")");
-}
-#define DSMLA_CUBLAS_CHECK(call) check_cublas((call), #call)
-
 // Host-side argument checks of run(): pointers only, never device memory.
 void require_pointer(const void* p, std::size_t alignment, const char* name) {
   if (p == nullptr) throw Error(std::string("CUDA backend run(): ") + name + " is null");
@@ -94,12 +87,6 @@ void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-constexpr std::size_t kWorkspaceAlignment = 256;
-
-std::size_t align_workspace(std::size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
-
 // The backend's regions after the plan's layout; a size of 0 means unused.
 struct BackendRegions {
   WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes(n_sparse, H, topk)
@@ -111,7 +98,7 @@ BackendRegions backend_regions(const Plan& plan) {
   std::size_t end = plan.workspace_bytes;
   auto place = [&end](WorkspaceRegion& region, std::size_t bytes) {
     if (bytes == 0) return;
-    region = {align_workspace(end), bytes};
+    region = {align_up(end), bytes};
     end = region.offset + bytes;
   };
   const std::size_t n = plan.sparse_tokens.size();

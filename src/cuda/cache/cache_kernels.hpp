@@ -13,12 +13,6 @@
 
 namespace dsmla::cuda {
 
-// bytes_per_token() as compile-time constants for device code (the kernels are
-// built with --expt-relaxed-constexpr).
-inline constexpr int kDsMlaTokenBytes = kDsMlaRopeOffset + 2 * kRopeDim;  // 656
-constexpr int token_bytes(CacheFormat f) {
-  return f == CacheFormat::bf16 ? 2 * kLatentKeyDim : f == CacheFormat::fp8_ds_mla ? kDsMlaTokenBytes : kLatentKeyDim;
-}
 
 struct CacheWriteParams {
   const std::uint16_t* kv_c = nullptr;          // [num_tokens, 512] bf16

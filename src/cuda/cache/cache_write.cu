@@ -56,14 +56,14 @@ __global__ void __launch_bounds__(kThreads) cache_write_kernel(CacheWriteParams 
 
   switch (p.format) {
     case CacheFormat::bf16: {
-      std::uint8_t* dst = p.kv_cache + slot * token_bytes(CacheFormat::bf16);
+      std::uint8_t* dst = p.kv_cache + slot * cache_token_bytes(CacheFormat::bf16);
       reinterpret_cast<uint2*>(dst)[tid] = kv_raw;
       if (tid < kRopeDim / 4)
         reinterpret_cast<uint2*>(dst + kLatentDim * 2)[tid] = reinterpret_cast<const uint2*>(k_pe)[tid];
       break;
     }
     case CacheFormat::fp8_ds_mla: {
-      std::uint8_t* dst = p.kv_cache + slot * kDsMlaTokenBytes;
+      std::uint8_t* dst = p.kv_cache + slot * cache_token_bytes(CacheFormat::fp8_ds_mla);
       float v[4];
       unpack4(kv_raw, v);
       // fmaxf ignores NaN, like the host's std::fmax, so a NaN value never poisons the scale.
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) cache_write_kernel(CacheWriteParams 
       break;
     }
     case CacheFormat::fp8: {
-      std::uint8_t* dst = p.kv_cache + slot * token_bytes(CacheFormat::fp8);
+      std::uint8_t* dst = p.kv_cache + slot * cache_token_bytes(CacheFormat::fp8);
       float v[4];
       unpack4(kv_raw, v);
       reinterpret_cast<std::uint32_t*>(dst)[tid] = quantize4(v, p.k_scale);

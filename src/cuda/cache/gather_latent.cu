@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gather_latent_kernel(Late
     return;
   }
   const std::int64_t slot = std::int64_t{block} * p.block_size + src.position % p.block_size;
-  const std::uint8_t* token = p.kv_cache + slot * token_bytes(p.format);
+  const std::uint8_t* token = p.kv_cache + slot * cache_token_bytes(p.format);
 
   switch (p.format) {
     case CacheFormat::bf16: {

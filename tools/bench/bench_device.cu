@@ -1,4 +1,4 @@
-// Streams, event timing and random-input kernels of
+// Event timing and random-input kernels of
 // `dsmla bench` (declared in bench_device.hpp).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -7,18 +7,11 @@
 #include <cstring>
 #include <string>
 
-#include "cuda/bench/bench_device.hpp"
+#include "bench/bench_device.hpp"
 #include "dsmla/format.hpp"
 
 namespace dsmla::cuda::bench {
 namespace {
-
-void check(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) {
-    throw Error("CUDA error in " + what + ": " + cudaGetErrorName(status) + " (" +
-                cudaGetErrorString(status) + ")");
-  }
-}
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
@@ -196,34 +189,24 @@ DeviceInfo current_device_info() {
                 (status != cudaSuccess ? cudaGetErrorString(status) : "device count 0") + ")");
   }
   DeviceInfo info;
-  check(cudaGetDevice(&info.device), "cudaGetDevice");
+  check_cuda(cudaGetDevice(&info.device), "cudaGetDevice");
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, info.device), "cudaGetDeviceProperties");
+  check_cuda(cudaGetDeviceProperties(&prop, info.device), "cudaGetDeviceProperties");
   info.name = prop.name;
   info.compute_major = prop.major;
   info.compute_minor = prop.minor;
   info.multiprocessors = prop.multiProcessorCount;
   info.l2_bytes = static_cast<std::size_t>(prop.l2CacheSize);
   info.global_memory_bytes = prop.totalGlobalMem;
-  check(cudaDriverGetVersion(&info.driver_version), "cudaDriverGetVersion");
-  check(cudaRuntimeGetVersion(&info.runtime_version), "cudaRuntimeGetVersion");
+  check_cuda(cudaDriverGetVersion(&info.driver_version), "cudaDriverGetVersion");
+  check_cuda(cudaRuntimeGetVersion(&info.runtime_version), "cudaRuntimeGetVersion");
   return info;
 }
 
 void synchronize_and_check(void* stream, const std::string& what) {
-  check(cudaGetLastError(), what + " (launch)");
-  check(stream != nullptr ? cudaStreamSynchronize(as_stream(stream)) : cudaDeviceSynchronize(),
-        what + " (execution)");
-}
-
-Stream::Stream() {
-  cudaStream_t s = nullptr;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  stream_ = s;
-}
-
-Stream::~Stream() {
-  if (stream_ != nullptr) cudaStreamDestroy(as_stream(stream_));
+  check_cuda(cudaGetLastError(), (what + " (launch)").c_str());
+  check_cuda(stream != nullptr ? cudaStreamSynchronize(as_stream(stream)) : cudaDeviceSynchronize(),
+             (what + " (execution)").c_str());
 }
 
 std::vector<float> time_with_events(void* stream, int warmup, int repeats,
@@ -238,19 +221,19 @@ std::vector<float> time_with_events(void* stream, int warmup, int repeats,
         if (e != nullptr) cudaEventDestroy(e);
     }
   } guard{events};
-  for (cudaEvent_t& e : events) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (cudaEvent_t& e : events) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
 
   int call = 0;
   for (int i = 0; i < warmup; ++i) work(call++);
   for (int i = 0; i < repeats; ++i) {
-    check(cudaEventRecord(events[2 * i], s), "cudaEventRecord");
+    check_cuda(cudaEventRecord(events[2 * i], s), "cudaEventRecord");
     work(call++);
-    check(cudaEventRecord(events[2 * i + 1], s), "cudaEventRecord");
+    check_cuda(cudaEventRecord(events[2 * i + 1], s), "cudaEventRecord");
   }
   synchronize_and_check(stream, "timed work");
   std::vector<float> ms(static_cast<std::size_t>(repeats));
   for (int i = 0; i < repeats; ++i) {
-    check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+    check_cuda(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
   }
   return ms;
 }
@@ -260,7 +243,7 @@ void fill_random_bf16(std::uint16_t* dst, std::size_t count, float scale, std::u
   if (count == 0) return;
   fill_bf16_kernel<<<fill_blocks(static_cast<std::int64_t>(count)), kFillThreads, 0,
                      as_stream(stream)>>>(dst, count, scale, seed);
-  check(cudaGetLastError(), "fill_random_bf16");
+  check_cuda(cudaGetLastError(), "fill_random_bf16");
 }
 
 void fill_random_cache(std::uint8_t* cache, std::int64_t num_slots, CacheFormat format,
@@ -271,7 +254,7 @@ void fill_random_cache(std::uint8_t* cache, std::int64_t num_slots, CacheFormat 
   fill_cache_kernel<<<fill_blocks(total_words), kFillThreads, 0, as_stream(stream)>>>(
       reinterpret_cast<std::uint32_t*>(cache), total_words, words_per_token,
       static_cast<int>(format), seed);
-  check(cudaGetLastError(), "fill_random_cache");
+  check_cuda(cudaGetLastError(), "fill_random_cache");
 }
 
 void fill_causal_topk(const CausalTopkSpec& spec, std::int32_t* local_indices,
@@ -294,14 +277,14 @@ void fill_causal_topk(const CausalTopkSpec& spec, std::int32_t* local_indices,
   const dim3 grid(tokens, column_blocks < 65535 ? column_blocks : 65535);
   causal_topk_kernel<<<grid, kFillThreads, 0, as_stream(stream)>>>(spec, local_indices, block_table,
                                                                    slots, valid_counts);
-  check(cudaGetLastError(), "fill_causal_topk");
+  check_cuda(cudaGetLastError(), "fill_causal_topk");
 }
 
 void fill_iota(std::int32_t* dst, int count, void* stream) {
   if (count <= 0) return;
   iota_kernel<<<(count + kFillThreads - 1) / kFillThreads, kFillThreads, 0, as_stream(stream)>>>(
       dst, count);
-  check(cudaGetLastError(), "fill_iota");
+  check_cuda(cudaGetLastError(), "fill_iota");
 }
 
 OutputCheck check_bf16_output(const std::uint16_t* a, const std::uint16_t* b, std::size_t count,
@@ -313,16 +296,16 @@ OutputCheck check_bf16_output(const std::uint16_t* a, const std::uint16_t* b, st
   DeviceBuffer<Result> result(1);
   const cudaStream_t s = as_stream(stream);
   Result* r = result.data();
-  check(cudaMemsetAsync(r, 0, sizeof(Result), s), "check_bf16_output");
+  check_cuda(cudaMemsetAsync(r, 0, sizeof(Result), s), "check_bf16_output");
   if (count != 0) {
     // A few blocks per SM are plenty for a reduction that reads count * 2 bytes once.
     const int blocks = std::min(fill_blocks(static_cast<std::int64_t>(count)), 1024);
     check_output_kernel<<<blocks, kFillThreads, 0, s>>>(a, b, count, &r->nonfinite, r->max_bits);
-    check(cudaGetLastError(), "check_bf16_output");
+    check_cuda(cudaGetLastError(), "check_bf16_output");
   }
   Result host{};
-  check(cudaMemcpyAsync(&host, r, sizeof(Result), cudaMemcpyDeviceToHost, s), "check_bf16_output");
-  check(cudaStreamSynchronize(s), "check_bf16_output");
+  check_cuda(cudaMemcpyAsync(&host, r, sizeof(Result), cudaMemcpyDeviceToHost, s), "check_bf16_output");
+  check_cuda(cudaStreamSynchronize(s), "check_bf16_output");
   OutputCheck out;
   out.nonfinite = static_cast<std::int64_t>(host.nonfinite);
   std::memcpy(&out.max_abs, &host.max_bits[0], sizeof(float));
@@ -332,8 +315,8 @@ OutputCheck check_bf16_output(const std::uint16_t* a, const std::uint16_t* b, st
 
 void copy_device(void* dst, const void* src, std::size_t bytes, void* stream) {
   // cudaMemcpy does not wait for a device-to-device copy: queue it on the stream and wait.
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)), "copy_device");
-  check(cudaStreamSynchronize(as_stream(stream)), "copy_device");
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)), "copy_device");
+  check_cuda(cudaStreamSynchronize(as_stream(stream)), "copy_device");
 }
 
 }  // namespace dsmla::cuda::bench

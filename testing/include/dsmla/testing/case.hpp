@@ -8,6 +8,7 @@
 
 #include "dsmla/attention.hpp"
 #include "dsmla/plan.hpp"
+#include "dsmla/testing/batch.hpp"
 #include "dsmla/types.hpp"
 
 namespace dsmla {

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "cuda/bench/bench_device.hpp"
+#include "bench/bench_device.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 

@@ -1,7 +1,7 @@
 // dsmla::Case: the inputs of one forward in host memory, synthetic cases for
 // tests / demo / benchmarks, and the safetensors case files of
 // docs/case-format.md.
-#include "dsmla/case.hpp"
+#include "dsmla/testing/case.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -16,7 +16,7 @@
 #include <system_error>
 
 #include "dsmla/format.hpp"
-#include "dsmla/safetensors.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla {
 

@@ -1,12 +1,13 @@
-// Host-callable CUDA helpers of `dsmla bench` (tools/bench.cpp): streams,
+// Host-callable CUDA helpers of `dsmla bench` (tools/bench/runner.cpp):
 // CUDA-event timing, random inputs generated on the device, the
 // same-run ceilings (cuBLAS bf16 GEMM, device-to-device copy) and thin
 // wrappers that launch one attention kernel alone on device buffers.
 //
-// Plain C++ types (streams are void*, bf16 is uint16_t bits) and
-// cuda::DeviceBuffer, so the host compiler can include this header (with the
+// Plain C++ types (streams are void*, bf16 is uint16_t bits),
+// cuda::DeviceBuffer and cuda::Stream, so the host compiler can include this header (with the
 // CUDA include path); the definitions live in the .cu files beside it and
-// exist only when dsmla is built with CUDA.
+// exist only when dsmla is built with CUDA. They are compiled into the CLI
+// (tools/CMakeLists.txt), not into the library.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/stream.hpp"
 #include "dsmla/plan.hpp"
 #include "dsmla/types.hpp"
 
@@ -45,19 +47,6 @@ DeviceInfo current_device_info();
 // error so far: an earlier launch failure or, after `stream` (may be null:
 // the whole device) has drained, an asynchronous fault.
 void synchronize_and_check(void* stream, const std::string& what);
-
-// A non-blocking CUDA stream owned by the benchmark.
-class Stream {
- public:
-  Stream();
-  ~Stream();
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  void* handle() const { return stream_; }
-
- private:
-  void* stream_ = nullptr;
-};
 
 // Calls work(i) for i = 0 .. warmup-1 untimed, then `repeats` more times with
 // a pair of CUDA events around each call, all queued on `stream` without host

@@ -1,4 +1,4 @@
-#include "cpu/reference.hpp"
+#include "dsmla/testing/reference.hpp"
 
 #include <algorithm>
 #include <cmath>

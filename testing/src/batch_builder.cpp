@@ -6,7 +6,7 @@
 #include <numeric>
 #include <random>
 
-#include "dsmla/plan.hpp"
+#include "dsmla/testing/batch.hpp"
 #include "plan/plan_checks.hpp"
 
 namespace dsmla {

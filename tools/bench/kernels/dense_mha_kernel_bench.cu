@@ -1,11 +1,8 @@
 // Standalone timing + spot-check harness for the dense MHA kernel
-// (src/cuda/dense_mha). Build on the GPU machine:
+// (src/cuda/dense_mha). Built with the CUDA build as build/dense_mha_kernel_bench
+// (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//        -Iinclude -Isrc -isystem .deps/cutlass/include \
-//        bench/dense_mha_kernel_bench.cu src/cuda/dense_mha/*.cu src/cuda/dense_mha/*.cpp \
-//        -o /tmp/dense_mha_bench
-//   /tmp/dense_mha_bench [results.txt]
+//   build/dense_mha_kernel_bench [results.txt]
 //
 // Shapes: T = 16384 query tokens in causal sequences of S (ctx 0), S in
 // {512, 1024, 2048}, H in {128, 16}, plus a cached-prefix case (8 x 1024 new

@@ -1,11 +1,10 @@
 // Standalone timing + spot-check harness for the sparse MLA kernel
-// (src/cuda/sparse_mla). Build on (or for) the GPU machine:
+// (src/cuda/sparse_mla). Built with the CUDA build as build/sparse_mla_kernel_bench
+// (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
-//        bench/sparse_mla_kernel_bench.cu src/cuda/sparse_mla/*.cu src/format/*.cpp -o /tmp/sparse_mla_bench
-//   /tmp/sparse_mla_bench [--quick | --small-heads]
+//   build/sparse_mla_kernel_bench [--quick | --small-heads]
 //
-// --small-heads: the H 16 / 32 cases (keys-as-rows kernel) next to H 128.
+// --small-heads: the H 16 / 32 cases next to H 128.
 //
 // Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S = 1024,
 // token at position p attends to min(p + 1, topk) positions of its sequence
@@ -63,7 +62,7 @@ __global__ void fill_bf16_kernel(std::uint16_t* dst, std::uint64_t n, std::uint6
 
 // One random cache token per thread-loop step, in the byte layout of the format.
 __global__ void fill_cache_kernel(std::uint8_t* cache, std::int64_t num_slots, int format, std::uint64_t seed) {
-  const int bpt = format == 0 ? 1152 : format == 1 ? 656 : 576;
+  const int bpt = dsmla::cache_token_bytes(static_cast<CacheFormat>(format));
   const std::uint64_t n = static_cast<std::uint64_t>(num_slots) * bpt;
   for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::uint64_t(gridDim.x) * blockDim.x) {

@@ -6,17 +6,10 @@
 
 #include <string>
 
-#include "cuda/bench/bench_device.hpp"
+#include "bench/bench_device.hpp"
 
 namespace dsmla::cuda::bench {
 namespace {
-
-void check_cublas(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw Error(std::string("cuBLAS error in ") + what + ": status " +
-                std::to_string(static_cast<int>(status)));
-  }
-}
 
 struct CublasHandle {
   cublasHandle_t handle = nullptr;
@@ -55,11 +48,7 @@ std::vector<float> time_device_copy(std::size_t bytes, int warmup, int repeats) 
   fill_random_bf16(src.data(), bytes / 2, 1.0f, 0xC0B7, stream.handle());
   const cudaStream_t s = static_cast<cudaStream_t>(stream.handle());
   return time_with_events(stream.handle(), warmup, repeats, [&](int) {
-    const cudaError_t status = cudaMemcpyAsync(dst.data(), src.data(), bytes,
-                                               cudaMemcpyDeviceToDevice, s);
-    if (status != cudaSuccess) {
-      throw Error(std::string("cudaMemcpyAsync: ") + cudaGetErrorString(status));
-    }
+    DSMLA_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, s));
   });
 }
 

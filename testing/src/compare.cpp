@@ -2,7 +2,7 @@
 // It runs over every output of large batches (millions of values per GPU test),
 // so the loops only compute and count; text is built for failing elements only,
 // at most CompareReport::kMaxDescribed of them.
-#include "dsmla/compare.hpp"
+#include "dsmla/testing/compare.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -4,7 +4,7 @@
 //
 // The reader trusts nothing in the file: every size, offset and count is checked against
 // the bytes actually present before anything is copied.
-#include "dsmla/safetensors.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 #include <algorithm>
 #include <array>

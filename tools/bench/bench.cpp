@@ -1,0 +1,64 @@
+// `dsmla bench`: times the dense and sparse routes of dsmla::Attention (and
+// each attention kernel alone) on the shapes of ANCHORS.md, next to the
+// ceilings measured in the same run, and writes JSON + a markdown table.
+//
+// The parts: workloads.hpp (shapes, counts, anchors), runner.hpp (timing on
+// the device, with the device helpers of bench_device.hpp), report.hpp (JSON,
+// markdown, table). This file: the command line.
+#include "bench/bench.hpp"
+
+#include <cstdio>
+
+#include "bench/runner.hpp"
+#include "bench/workloads.hpp"
+#include "cli.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::tools {
+namespace {
+
+using bench::Options;
+
+const char* kUsage =
+    "usage: dsmla bench [--json FILE] [--md FILE] [--quick] [--repeats N] [--warmup N]\n"
+    "                   [--prefill-cache bf16|fp8_ds_mla|fp8]\n"
+    "  Times the dense route, the sparse route and each kernel alone for 16384 prefill\n"
+    "  tokens (S in 128..4096, H 128 and 16) and fp8_ds_mla decode (H 128 and 64, batch\n"
+    "  1..128, 8192-token contexts, topk 2048), next to a cuBLAS bf16 GEMM and a device\n"
+    "  copy measured in the same run. --quick: S 1024, H 128, decode batch 64 only.\n"
+    "  Progress goes to stderr, a compact table to stdout. Needs a CUDA build and a GPU.\n";
+
+Options parse_options(const Args& args) {
+  Options o;
+  o.json_path = args.get("--json", "");
+  o.md_path = args.get("--md", "");
+  o.quick = args.has("--quick");
+  o.repeats = static_cast<int>(args.get_int("--repeats", o.repeats, 1, 100000));
+  o.warmup = static_cast<int>(args.get_int("--warmup", o.warmup, 0, 100000));
+  if (args.has("--prefill-cache")) {
+    o.prefill_cache = parse_cache_format_arg(args.get("--prefill-cache", ""), "--prefill-cache");
+  }
+  return o;
+}
+
+}  // namespace
+
+int bench_main(int argc, char** argv) {
+  const Args args("bench",
+                  {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"}},
+                  argc, argv);
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  args.expect_positional(0, "");
+  const Options options = parse_options(args);
+  try {
+    return bench::run_bench(options);
+  } catch (const Error& e) {
+    // Inputs here are fixed shapes: a dsmla::Error is a failure of the run, not bad input.
+    throw RuntimeFailure(e.what());
+  }
+}
+
+}  // namespace dsmla::tools

@@ -1,0 +1,242 @@
+// `dsmla bench` results (report.hpp): JSON, markdown, stdout table.
+#include "bench/report.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+namespace dsmla::tools::bench {
+
+using nlohmann::json;
+
+double median_of(std::vector<float> s) {
+  if (s.empty()) return 0;
+  std::sort(s.begin(), s.end());
+  const std::size_t n = s.size();
+  return n % 2 ? s[n / 2] : 0.5 * (static_cast<double>(s[n / 2 - 1]) + s[n / 2]);
+}
+
+
+
+Row make_row(What what, const Work& w) {
+  Row r;
+  r.what = what;
+  r.work = w;
+  r.flops = flops_of(what, w);
+  r.bytes = bytes_of(what, w);
+  r.anchor = anchor_for(what, w);
+  return r;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string commit_id() {
+  const char* c = std::getenv("DSMLA_GIT_COMMIT");
+  return c != nullptr && *c != '\0' ? c : "unknown";
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+
+
+json row_json(const Row& r, const Ceilings& c) {
+  json j;
+  j["section"] = r.work.decode ? "decode" : "prefill";
+  j["what"] = r.name();
+  j["seq_len"] = r.work.seq_len;
+  j["query_len"] = r.work.query_len;
+  j["num_requests"] = r.work.requests;
+  j["num_tokens"] = r.work.tokens();
+  j["num_heads"] = r.work.heads;
+  j["topk"] = r.work.topk;
+  j["cache_format"] = std::string(to_string(r.work.cache));
+  if (!r.policy.empty()) {
+    j["policy"] = r.policy;
+    j["plan_topk"] = r.plan_topk;
+  }
+  j["flops"] = r.flops;
+  j["bytes"] = r.bytes;
+  j["input_copies"] = r.input_copies;
+  if (r.ok()) {
+    j["median_ms"] = r.median_ms();
+    j["min_ms"] = r.min_ms();
+    j["max_ms"] = r.max_ms();
+    j["samples_ms"] = r.samples_ms;
+    j["tflops"] = r.tflops();
+    j["tbps"] = r.tbps();
+    j["frac_gemm_ceiling"] = c.gemm_tflops > 0 ? r.tflops() / c.gemm_tflops : 0;
+    j["frac_copy_ceiling"] = c.copy_tbps > 0 ? r.tbps() / c.copy_tbps : 0;
+  }
+  if (r.anchor) {
+    j["anchor"] = {{"ms", r.anchor->ms}, {"what", r.anchor->what}};
+    if (r.ok()) j["anchor"]["speedup"] = r.anchor->ms / r.median_ms();
+    if (r.anchor->alt_ms > 0) {
+      j["anchor"]["alt"] = {{"ms", r.anchor->alt_ms}, {"what", r.anchor->alt_what}};
+      if (r.ok()) j["anchor"]["alt"]["speedup"] = r.anchor->alt_ms / r.median_ms();
+    }
+  }
+  if (r.nonfinite >= 0) {
+    j["check"] = {{"nonfinite_outputs", r.nonfinite}, {"max_abs_output", r.max_abs_out}};
+    if (r.max_abs_diff_vs_dense >= 0) j["check"]["max_abs_diff_vs_dense_route"] = r.max_abs_diff_vs_dense;
+  }
+  if (!r.note.empty()) j["note"] = r.note;
+  if (!r.error.empty()) j["error"] = r.error;
+  return j;
+}
+
+json report_json(const Report& rep) {
+  json j;
+  j["tool"] = "dsmla bench";
+  j["date"] = rep.date;
+  j["commit"] = rep.commit;
+  j["gpu"] = rep.gpu_json;
+  j["settings"] = {{"repeats", rep.options.repeats},
+                   {"warmup", rep.options.warmup},
+                   {"quick", rep.options.quick},
+                   {"prefill_tokens", kPrefillTokens},
+                   {"topk", kTopk},
+                   {"block_size", kBlockSize},
+                   {"prefill_cache", std::string(to_string(rep.options.prefill_cache))},
+                   {"decode_cache", std::string(to_string(kDecodeCache))},
+                   {"decode_seq_len", kDecodeSeqLen},
+                   {"softmax_scale", default_softmax_scale()},
+                   {"statistic", "median of CUDA-event timings after warm-up"}};
+  j["ceilings"] = {
+      {"gemm_bf16", {{"n", kGemmCeilingN}, {"median_ms", median_of(rep.ceilings.gemm_ms)},
+                     {"tflops", rep.ceilings.gemm_tflops}}},
+      {"device_copy", {{"bytes_each_way", kCopyCeilingBytes}, {"median_ms", median_of(rep.ceilings.copy_ms)},
+                       {"tbps_read_plus_write", rep.ceilings.copy_tbps}}}};
+  j["anchor_source"] = kAnchorSource;
+  j["rows"] = json::array();
+  for (const Row& r : rep.rows) j["rows"].push_back(row_json(r, rep.ceilings));
+  return j;
+}
+
+const Row* find_row(const std::vector<Row>& rows, What what, const Work& w) {
+  for (const Row& r : rows) {
+    if (r.what == what && r.work.decode == w.decode && r.work.seq_len == w.seq_len &&
+        r.work.heads == w.heads && r.work.requests == w.requests)
+      return &r;
+  }
+  return nullptr;
+}
+
+std::string ms_cell(const Row& r) { return r.ok() ? fmt("%.3f", r.median_ms()) : "error"; }
+
+std::string markdown(const Report& rep) {
+  const Ceilings& c = rep.ceilings;
+  std::string md;
+  md += "# dsmla bench\n\n";
+  md += "Date " + rep.date + ", commit " + rep.commit + ", " + rep.gpu + ".\n";
+  md += "Median of " + std::to_string(rep.options.repeats) + " CUDA-event timings after " +
+        std::to_string(rep.options.warmup) + " warm-up runs; random data generated on the device.\n\n";
+  md += "Ceilings measured in this run: cuBLAS bf16 GEMM 8192^3 **" + fmt("%.0f", c.gemm_tflops) +
+        " TFLOP/s**; device-to-device copy (2 GiB, read + write) **" + fmt("%.2f", c.copy_tbps) + " TB/s**.\n\n";
+
+  auto table = [&](bool decode) {
+    md += "| what | S | H | batch | ms | TFLOP/s | % GEMM | TB/s | % copy | anchor ms | anchor / ours | anchor |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const Row& r : rep.rows) {
+      if (r.work.decode != decode) continue;
+      md += "| " + r.name() + " | " + std::to_string(r.work.seq_len) + " | " + std::to_string(r.work.heads) +
+            " | " + std::to_string(r.work.requests) + " | ";
+      if (r.ok()) {
+        md += fmt("%.3f", r.median_ms()) + " | " + fmt("%.0f", r.tflops()) + " | " +
+              fmt("%.0f%%", 100 * r.tflops() / c.gemm_tflops) + " | " + fmt("%.2f", r.tbps()) + " | " +
+              fmt("%.0f%%", 100 * r.tbps() / c.copy_tbps) + " | ";
+      } else {
+        md += "error | | | | | ";
+      }
+      if (r.anchor) {
+        md += fmt("%.3f", r.anchor->ms) + " | " + (r.ok() ? fmt("%.2fx", r.anchor->ms / r.median_ms()) : "") +
+              " | " + r.anchor->what + " |\n";
+      } else {
+        md += "– | | |\n";
+      }
+    }
+    md += "\n";
+  };
+
+  const bool any_prefill = std::any_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return !r.work.decode; });
+  const bool any_decode = std::any_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.work.decode; });
+  if (any_prefill) {
+    md += "## Prefill: 16384 tokens = B sequences of S, causal, cache " +
+          std::string(to_string(rep.options.prefill_cache)) + ", topk 2048\n\n";
+    table(false);
+    md += "Dense route vs sparse route (the dense fast path's gain):\n\n";
+    md += "| S | H | dense route ms | sparse route ms | sparse / dense | max abs diff of outputs |\n";
+    md += "|---|---|---|---|---|---|\n";
+    for (const Row& r : rep.rows) {
+      if (r.work.decode || r.what != What::dense_route) continue;
+      const Row* s = find_row(rep.rows, What::sparse_route, r.work);
+      md += "| " + std::to_string(r.work.seq_len) + " | " + std::to_string(r.work.heads) + " | " + ms_cell(r) +
+            " | " + (s ? ms_cell(*s) : "–") + " | " +
+            (s && s->ok() && r.ok() ? fmt("%.2fx", s->median_ms() / r.median_ms()) : "–") + " | " +
+            (s && s->max_abs_diff_vs_dense >= 0 ? fmt("%.3g", s->max_abs_diff_vs_dense) : "–") + " |\n";
+    }
+    md += "\n";
+  }
+  if (any_decode) {
+    md += "## Decode: " + std::string(to_string(kDecodeCache)) +
+          " cache, 1 query token per request, 8192-token contexts, topk 2048\n\n";
+    table(true);
+  }
+  md += "FLOPs count valid work only (DESIGN §7): dense attention 2·pairs·H·(192+128), sparse "
+        "2·valid·H·(576+512), up-projection 2·rows·512·H·256. TB/s counts compulsory traffic "
+        "(inputs read once, outputs written once). anchor / ours > 1 means faster than the anchor.\n";
+  md += "Anchors: " + std::string(kAnchorSource) + ".\n";
+  bool any_error = false;
+  for (const Row& r : rep.rows) {
+    if (!r.note.empty() || !r.error.empty()) {
+      if (!any_error) md += "\nNotes and errors:\n\n";
+      any_error = true;
+      md += "- " + r.name() + " S " + std::to_string(r.work.seq_len) + " H " + std::to_string(r.work.heads) +
+            " batch " + std::to_string(r.work.requests) + ": " + (r.error.empty() ? r.note : "ERROR " + r.error) +
+            "\n";
+    }
+  }
+  return md;
+}
+
+void print_table(const Report& rep) {
+  std::printf("dsmla bench  %s  ceilings: GEMM %.0f TFLOP/s, copy %.2f TB/s\n", rep.gpu.c_str(),
+              rep.ceilings.gemm_tflops, rep.ceilings.copy_tbps);
+  std::printf("%-14s %5s %4s %5s %9s %8s %6s %6s %6s %9s %8s\n", "what", "S", "H", "batch", "ms", "TFLOP/s",
+              "%gemm", "TB/s", "%copy", "anchor", "anc/ours");
+  for (const Row& r : rep.rows) {
+    std::printf("%-14s %5d %4d %5d ", r.name().c_str(), r.work.seq_len, r.work.heads, r.work.requests);
+    if (r.ok()) {
+      std::printf("%9.3f %8.1f %5.0f%% %6.2f %5.0f%% ", r.median_ms(), r.tflops(),
+                  100 * r.tflops() / rep.ceilings.gemm_tflops, r.tbps(), 100 * r.tbps() / rep.ceilings.copy_tbps);
+    } else {
+      std::printf("%9s %8s %6s %6s %6s ", "error", "", "", "", "");
+    }
+    if (r.anchor) std::printf("%9.3f", r.anchor->ms);
+    if (r.anchor && r.ok()) std::printf(" %7.2fx", r.anchor->ms / r.median_ms());
+    std::printf("%s\n", r.error.empty() ? "" : ("  ERROR: " + r.error).c_str());
+  }
+  std::fflush(stdout);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) throw Error("cannot write '" + path + "'");
+  f << text;
+  if (!f) throw Error("error writing '" + path + "'");
+}
+
+}  // namespace dsmla::tools::bench

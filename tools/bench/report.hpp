@@ -1,0 +1,68 @@
+// `dsmla bench` results: one Row per timed thing, the ceilings of the run, and
+// the report as JSON, markdown and a compact stdout table. Host code only.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/workloads.hpp"
+
+namespace dsmla::tools::bench {
+
+// Same-run ceilings (DESIGN §7): cuBLAS bf16 GEMM and device-to-device copy.
+struct Ceilings {
+  std::vector<float> gemm_ms, copy_ms;
+  double gemm_tflops = 0, copy_tbps = 0;
+};
+
+double median_of(std::vector<float> s);
+
+struct Row {
+  What what = What::dense_route;
+  Work work;
+  std::string policy;  // routes only
+  int plan_topk = 0;   // routes only: PlanOptions::topk
+  double flops = 0, bytes = 0;
+  std::vector<float> samples_ms;
+  int input_copies = 1;
+  std::optional<Anchor> anchor;
+  std::string note;
+  std::string error;
+  // output sanity check (routes and kernels): -1 = not checked
+  std::int64_t nonfinite = -1;
+  double max_abs_out = 0;
+  double max_abs_diff_vs_dense = -1;  // sparse route vs dense route, same inputs
+
+  bool ok() const { return error.empty() && !samples_ms.empty(); }
+  double median_ms() const { return median_of(samples_ms); }
+  double min_ms() const { return samples_ms.empty() ? 0 : *std::min_element(samples_ms.begin(), samples_ms.end()); }
+  double max_ms() const { return samples_ms.empty() ? 0 : *std::max_element(samples_ms.begin(), samples_ms.end()); }
+  double tflops() const { return ok() ? flops / (median_ms() * 1e-3) / 1e12 : 0; }
+  double tbps() const { return ok() ? bytes / (median_ms() * 1e-3) / 1e12 : 0; }
+  std::string name() const { return name_of(what, work.decode); }
+};
+
+// A row for `what` of `w` with its counts and anchor, not yet timed.
+Row make_row(What what, const Work& w);
+
+struct Report {
+  std::string date, commit, gpu;
+  nlohmann::json gpu_json;
+  Options options;
+  Ceilings ceilings;
+  std::vector<Row> rows;
+};
+
+std::string utc_now();
+// $DSMLA_GIT_COMMIT (set by scripts/gpu-check.sh), else "unknown".
+std::string commit_id();
+
+nlohmann::json report_json(const Report& rep);
+std::string markdown(const Report& rep);
+void print_table(const Report& rep);
+void write_file(const std::string& path, const std::string& text);
+
+}  // namespace dsmla::tools::bench

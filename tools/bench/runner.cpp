@@ -1,0 +1,422 @@
+// `dsmla bench` runner (runner.hpp). What is timed (DESIGN §7): the median
+// of N CUDA-event timings after warm-up, random data generated on the device,
+// inputs smaller than 2 x L2 rotated among several copies. A route row times
+// Attention::run() alone (plan once, run many): cache write, gathers, GEMMs and
+// kernel.
+#include "bench/runner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench/report.hpp"
+#include "cli.hpp"
+#include "dsmla/attention.hpp"
+#include "dsmla/plan.hpp"
+#include "dsmla/types.hpp"
+#if defined(DSMLA_WITH_CUDA)
+#include "bench/bench_device.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/common/stream.hpp"
+#endif
+
+namespace dsmla::tools::bench {
+
+#if defined(DSMLA_WITH_CUDA)
+namespace {
+
+// The device helpers of bench_device.hpp (compiled into the CLI, not the library).
+namespace dev = dsmla::cuda::bench;
+using cuda::DeviceBuffer;
+
+[[gnu::format(printf, 1, 2)]] void progress(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::fputs("[bench] ", stderr);
+  std::vfprintf(stderr, format, args);
+  std::fputc('\n', stderr);
+  va_end(args);
+}
+
+// One copy of every device input of one Work. Route rows read q .. topk;
+// kernel rows read q_absorbed / kv_up / latent; all share the copy's cache.
+struct InputCopy {
+  DeviceBuffer<std::uint16_t> q, kv_c, k_pe, w_kv_b;
+  DeviceBuffer<std::uint8_t> cache;
+  DeviceBuffer<std::int32_t> topk;
+  DeviceBuffer<std::uint16_t> q_absorbed, kv_up, latent;  // kernels alone
+  DeviceBuffer<std::uint16_t> out, o_lat;
+  DeviceBuffer<float> lse;
+};
+
+class Runner {
+ public:
+  Runner(const Options& options, const dev::DeviceInfo& info) : options_(options), info_(info) {}
+
+  Ceilings measure_ceilings() {
+    Ceilings c;
+    const int repeats = std::max(options_.repeats, 20);
+    progress("ceiling: cuBLAS bf16 GEMM %d^3", kGemmCeilingN);
+    c.gemm_ms = dev::time_cublas_gemm_bf16(kGemmCeilingN, options_.warmup + 5, repeats);
+    c.gemm_tflops = 2.0 * std::pow(double{kGemmCeilingN}, 3) / (median_of(c.gemm_ms) * 1e-3) / 1e12;
+    progress("  %.3f ms, %.0f TFLOP/s", median_of(c.gemm_ms), c.gemm_tflops);
+    progress("ceiling: device-to-device copy of %zu MiB", kCopyCeilingBytes >> 20);
+    c.copy_ms = dev::time_device_copy(kCopyCeilingBytes, options_.warmup + 5, repeats);
+    c.copy_tbps = 2.0 * static_cast<double>(kCopyCeilingBytes) / (median_of(c.copy_ms) * 1e-3) / 1e12;
+    progress("  %.3f ms, %.2f TB/s (read + write)", median_of(c.copy_ms), c.copy_tbps);
+    return c;
+  }
+
+  // Times every row of one work description into `rows`.
+  void run(const Work& w, std::vector<Row>& rows) {
+    std::vector<What> whats = w.decode ? std::vector<What>{What::sparse_route, What::sparse_kernel}
+                                       : std::vector<What>{What::dense_route, What::sparse_route,
+                                                           What::dense_kernel, What::sparse_kernel};
+    std::vector<Row> out;
+    for (What what : whats) out.push_back(make_row(what, w));
+    if (!device_error_.empty()) {
+      for (Row& r : out) r.error = "skipped after an earlier device error: " + device_error_;
+      rows.insert(rows.end(), out.begin(), out.end());
+      return;
+    }
+    int copies = 1;
+    for (Row& r : out) {
+      r.input_copies = copies_for(r.bytes);
+      copies = std::max(copies, r.input_copies);
+    }
+    try {
+      prepare(w, copies);
+    } catch (const std::exception& e) {
+      for (Row& r : out) r.error = std::string("input setup: ") + e.what();
+      note_device_error();
+      rows.insert(rows.end(), out.begin(), out.end());
+      release();
+      return;
+    }
+    for (Row& r : out) {
+      progress("%s S %d H %d batch %d (%d input cop%s)", r.name().c_str(), w.seq_len, w.heads, w.requests,
+               r.input_copies, r.input_copies == 1 ? "y" : "ies");
+      if (!device_error_.empty()) {
+        r.error = "skipped after an earlier device error: " + device_error_;
+        continue;
+      }
+      try {
+        time_row(r);
+        progress("  %.3f ms, %.1f TFLOP/s, %.2f TB/s", r.median_ms(), r.tflops(), r.tbps());
+      } catch (const std::exception& e) {
+        r.error = e.what();
+        progress("  error: %s", e.what());
+        note_device_error();
+      }
+    }
+    rows.insert(rows.end(), out.begin(), out.end());
+    release();
+  }
+
+ private:
+  // Enough copies that one pass over them exceeds 2 x L2.
+  int copies_for(double footprint_bytes) const {
+    const double l2 = static_cast<double>(info_.l2_bytes > 0 ? info_.l2_bytes : kFallbackL2Bytes);
+    if (footprint_bytes >= 2 * l2) return 1;
+    return std::clamp(static_cast<int>(std::ceil(2 * l2 / std::max(footprint_bytes, 1.0))), 1, kMaxInputCopies);
+  }
+
+  // After a failure, a device that no longer synchronises cleanly has a
+  // sticky error: every later row would fail the same way, so skip them.
+  void note_device_error() {
+    try {
+      dev::synchronize_and_check(nullptr, "device state after a failed row");
+    } catch (const std::exception& e) {
+      device_error_ = e.what();
+    }
+  }
+
+  std::int64_t num_slots() const { return batch_.num_cache_blocks * batch_.block_size; }
+
+  void prepare(const Work& w, int copies) {
+    work_ = w;
+    dense_ok_ = false;
+    batch_ = make_host_batch(w, 0x5EED0000u + static_cast<std::uint64_t>(w.seq_len) * 131 + w.requests);
+    void* s = stream_.handle();
+    const std::size_t t = static_cast<std::size_t>(w.tokens()), h = static_cast<std::size_t>(w.heads);
+    const std::size_t kv = static_cast<std::size_t>(w.kv_rows());
+    const std::size_t topk = static_cast<std::size_t>(w.topk);
+
+    block_table_.upload(batch_.block_table);
+    seq_lens_.upload(batch_.seq_lens);
+    query_start_loc_.upload(batch_.query_start_loc);
+    slot_mapping_.upload(batch_.slot_mapping);
+
+    // Slots of the sparse kernel alone: the same for every copy (same block table).
+    dev::CausalTopkSpec spec;
+    spec.num_requests = w.requests;
+    spec.query_len = w.query_len;
+    spec.seq_len = w.seq_len;
+    spec.topk = w.topk;
+    spec.block_size = kBlockSize;
+    spec.max_blocks_per_request = batch_.max_blocks_per_request;
+    spec.seed = 0x70C0;
+    slots_ = DeviceBuffer<std::int32_t>(t * topk);
+    valid_counts_ = DeviceBuffer<std::int32_t>(t);
+    lse_rows_ = DeviceBuffer<std::int32_t>(t);
+    dev::fill_causal_topk(spec, nullptr, block_table_.data(), slots_.data(), valid_counts_.data(), s);
+    dev::fill_iota(lse_rows_.data(), static_cast<int>(t), s);
+    if (!w.decode) dense_out_ = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
+
+    const float weight_scale = 1.0f / std::sqrt(static_cast<float>(kLatentDim));
+    copies_.clear();
+    copies_.resize(static_cast<std::size_t>(copies));
+    for (int c = 0; c < copies; ++c) {
+      InputCopy& in = copies_[c];
+      const std::uint64_t seed = 1000003ull * (c + 1) + static_cast<std::uint64_t>(w.seq_len) * 7919 + h;
+      auto bf16 = [&](DeviceBuffer<std::uint16_t>& buf, std::size_t count, float scale, std::uint64_t salt) {
+        buf = DeviceBuffer<std::uint16_t>(count);
+        dev::fill_random_bf16(buf.data(), count, scale, seed ^ (salt << 40), s);
+      };
+      bf16(in.q, t * h * kQkHeadDim, 1.0f, 1);
+      bf16(in.kv_c, t * kLatentDim, 1.0f, 2);
+      bf16(in.k_pe, t * kRopeDim, 1.0f, 3);
+      bf16(in.w_kv_b, h * kKvBRowsPerHead * kLatentDim, weight_scale, 4);
+      in.cache = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_slots()) * bytes_per_token(w.cache));
+      dev::fill_random_cache(in.cache.data(), num_slots(), w.cache, seed ^ (5ull << 40), s);
+      in.topk = DeviceBuffer<std::int32_t>(t * topk);
+      dev::CausalTopkSpec copy_spec = spec;
+      copy_spec.seed = seed ^ (6ull << 40);
+      dev::fill_causal_topk(copy_spec, in.topk.data(), nullptr, nullptr, nullptr, s);
+      bf16(in.q_absorbed, t * h * kLatentKeyDim, 1.0f, 7);
+      if (!w.decode) {
+        bf16(in.kv_up, kv * h * kKvBRowsPerHead, 1.0f, 8);
+        bf16(in.latent, kv * kLatentKeyDim, 1.0f, 9);
+      }
+      in.out = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
+      in.lse = DeviceBuffer<float>(t * h);
+      in.o_lat = DeviceBuffer<std::uint16_t>(t * h * kLatentDim);
+    }
+    dev::synchronize_and_check(s, "input generation");
+  }
+
+  void release() {
+    copies_.clear();
+    block_table_ = {};
+    seq_lens_ = {};
+    query_start_loc_ = {};
+    slot_mapping_ = {};
+    slots_ = {};
+    valid_counts_ = {};
+    lse_rows_ = {};
+    dense_out_ = {};
+  }
+
+  ForwardInputs forward_inputs(InputCopy& in, bool with_topk) const {
+    ForwardInputs f;
+    f.q = in.q.data();
+    f.kv_c = in.kv_c.data();
+    f.k_pe = in.k_pe.data();
+    f.w_kv_b = in.w_kv_b.data();
+    f.kv_cache = in.cache.data();
+    f.block_table = block_table_.data();
+    f.seq_lens = seq_lens_.data();
+    f.query_start_loc = query_start_loc_.data();
+    f.slot_mapping = slot_mapping_.data();
+    f.topk_indices = with_topk ? in.topk.data() : nullptr;
+    f.out = in.out.data();
+    f.lse = in.lse.data();
+    f.softmax_scale = static_cast<float>(default_softmax_scale());
+    f.k_scale = 1;
+    f.q_scale = 1;
+    return f;
+  }
+
+  static void record_check(Row& r, const dev::OutputCheck& check) {
+    r.nonfinite = check.nonfinite;
+    r.max_abs_out = check.max_abs;
+    if (check.nonfinite > 0) {
+      r.note += std::string(r.note.empty() ? "" : "; ") + "WARNING: " + std::to_string(check.nonfinite) +
+                " non-finite output values";
+    }
+  }
+
+  void time_row(Row& r) {
+    switch (r.what) {
+      case What::dense_route:
+      case What::sparse_route: time_route(r); break;
+      case What::dense_kernel: time_dense_kernel(r); break;
+      case What::sparse_kernel: time_sparse_kernel(r); break;
+    }
+  }
+
+  void time_route(Row& r) {
+    const Work& w = work_;
+    const bool dense = r.what == What::dense_route;
+    PlanOptions po;
+    po.num_heads = w.heads;
+    po.cache_format = w.cache;
+    // The dense path is exact only when seq_len <= topk: beyond 2048 the dense
+    // route is planned with topk = S (full causal attention) so it can be timed.
+    po.topk = dense ? std::max(w.topk, w.seq_len) : w.topk;
+    po.policy = dense || w.decode ? RoutingPolicy::per_request : RoutingPolicy::force_sparse;
+    r.policy = std::string(to_string(po.policy));
+    r.plan_topk = po.topk;
+    if (dense && po.topk != w.topk) {
+      r.note = "planned with topk " + std::to_string(po.topk) +
+               " (the dense path is exact only for seq_len <= topk): full causal attention";
+    }
+
+    Attention attention(BackendKind::cuda, po);
+    const BatchDesc desc = batch_.desc();
+    const Plan& plan = attention.plan(desc);
+    const std::int64_t t = w.tokens();
+    if (dense && (plan.dense_query_rows != t || plan.num_sparse_tokens() != 0)) {
+      throw Error("the planner routed " + std::to_string(plan.dense_query_rows) + " of " + std::to_string(t) +
+                  " tokens dense under per_request");
+    }
+    if (!dense && static_cast<std::int64_t>(plan.num_sparse_tokens()) != t) {
+      throw Error("the planner routed " + std::to_string(plan.num_sparse_tokens()) + " of " + std::to_string(t) +
+                  " tokens to the sparse kernel");
+    }
+    DeviceBuffer<std::byte> workspace(attention.workspace_bytes());
+    void* s = stream_.handle();
+    const int n = r.input_copies;
+    r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats, [&](int i) {
+      attention.run(forward_inputs(copies_[i % n], !dense), workspace.data(), s);
+    });
+    // One more run on copy 0 for the output check (and the dense reference).
+    InputCopy& in0 = copies_[0];
+    attention.run(forward_inputs(in0, !dense), workspace.data(), s);
+    dev::synchronize_and_check(s, r.name());
+    const std::size_t count = static_cast<std::size_t>(t) * w.heads * kVHeadDim;
+    const std::uint16_t* reference = nullptr;
+    if (!dense && !w.decode && dense_ok_ && w.seq_len <= w.topk) reference = dense_out_.data();
+    const dev::OutputCheck check = dev::check_bf16_output(in0.out.data(), reference, count, s);
+    record_check(r, check);
+    if (reference != nullptr) r.max_abs_diff_vs_dense = check.max_abs_diff;
+    if (dense && !w.decode) {
+      dev::copy_device(dense_out_.data(), in0.out.data(), count * 2, s);
+      dense_ok_ = true;
+    } else if (!dense) {
+      dense_ok_ = false;
+    }
+  }
+
+  void time_dense_kernel(Row& r) {
+    const Work& w = work_;
+    void* s = stream_.handle();
+    const int n = r.input_copies;
+    const dev::DenseSchedule schedule = dev::upload_dense_schedule(dense_requests_of(w));
+    auto args = [&](InputCopy& in) {
+      dev::DenseKernelArgs a;
+      a.q = in.q.data();
+      a.kv_up = in.kv_up.data();
+      a.latent = in.latent.data();
+      a.schedule = &schedule;
+      a.num_heads = w.heads;
+      a.softmax_scale = static_cast<float>(default_softmax_scale());
+      a.out = in.out.data();
+      a.lse = in.lse.data();
+      return a;
+    };
+    r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats,
+                                         [&](int i) { dev::launch_dense_kernel(args(copies_[i % n]), s); });
+    dev::synchronize_and_check(s, r.name());
+    const dev::OutputCheck check = dev::check_bf16_output(
+        copies_[0].out.data(), nullptr,
+        static_cast<std::size_t>(w.tokens()) * w.heads * kVHeadDim, s);
+    record_check(r, check);
+  }
+
+  void time_sparse_kernel(Row& r) {
+    const Work& w = work_;
+    void* s = stream_.handle();
+    const int n = r.input_copies;
+    auto args = [&](InputCopy& in) {
+      dev::SparseKernelArgs a;
+      a.q = in.q_absorbed.data();
+      a.kv_cache = in.cache.data();
+      a.num_slots = num_slots();
+      a.format = w.cache;
+      a.slots = slots_.data();
+      a.valid_counts = valid_counts_.data();
+      a.num_tokens = static_cast<int>(w.tokens());
+      a.num_heads = w.heads;
+      a.topk = w.topk;
+      a.softmax_scale = static_cast<float>(default_softmax_scale());
+      a.o_lat = in.o_lat.data();
+      a.lse = in.lse.data();
+      a.lse_rows = lse_rows_.data();
+      return a;
+    };
+    DeviceBuffer<std::byte> workspace(
+        dev::sparse_kernel_workspace_bytes(static_cast<int>(w.tokens()), w.heads, w.topk));
+    r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats, [&](int i) {
+      dev::SparseKernelArgs a = args(copies_[i % n]);
+      a.workspace = workspace.data();
+      dev::launch_sparse_kernel(a, s);
+    });
+    dev::synchronize_and_check(s, r.name());
+    const dev::OutputCheck check = dev::check_bf16_output(
+        copies_[0].o_lat.data(), nullptr,
+        static_cast<std::size_t>(w.tokens()) * w.heads * kLatentDim, s);
+    record_check(r, check);
+  }
+
+  const Options& options_;
+  dev::DeviceInfo info_;
+  cuda::Stream stream_;
+  std::string device_error_;
+  Work work_;
+  BatchStorage batch_;
+  std::vector<InputCopy> copies_;
+  DeviceBuffer<std::int32_t> block_table_, seq_lens_, query_start_loc_;
+  DeviceBuffer<std::int64_t> slot_mapping_;
+  DeviceBuffer<std::int32_t> slots_, valid_counts_, lse_rows_;
+  DeviceBuffer<std::uint16_t> dense_out_;  // dense route output of copy 0, compared with the sparse route's
+  bool dense_ok_ = false;
+};
+
+}  // namespace
+
+int run_bench(const Options& options) {
+  if (!cuda_backend_compiled()) {
+    throw RuntimeFailure("this build has no CUDA backend (configure with -DDSMLA_ENABLE_CUDA=ON)");
+  }
+  if (!cuda_backend_available()) throw RuntimeFailure("no CUDA device is visible");
+  const dev::DeviceInfo info = dev::current_device_info();
+  Report rep;
+  rep.date = utc_now();
+  rep.commit = commit_id();
+  rep.options = options;
+  rep.gpu = info.name + " (" + std::to_string(info.multiprocessors) + " SMs, L2 " +
+            std::to_string(info.l2_bytes >> 20) + " MiB, driver " + std::to_string(info.driver_version) +
+            ", runtime " + std::to_string(info.runtime_version) + ")";
+  rep.gpu_json = {{"name", info.name},
+                  {"compute_capability",
+                   std::to_string(info.compute_major) + "." + std::to_string(info.compute_minor)},
+                  {"multiprocessors", info.multiprocessors},
+                  {"l2_bytes", info.l2_bytes},
+                  {"memory_bytes", info.global_memory_bytes},
+                  {"cuda_driver_version", info.driver_version},
+                  {"cuda_runtime_version", info.runtime_version}};
+  Runner runner(options, info);
+  rep.ceilings = runner.measure_ceilings();
+  for (const Work& w : work_list(options)) runner.run(w, rep.rows);
+
+  print_table(rep);
+  if (!options.json_path.empty()) write_file(options.json_path, report_json(rep).dump(2) + "\n");
+  if (!options.md_path.empty()) write_file(options.md_path, markdown(rep));
+  const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); });
+  if (!all_ok) std::fprintf(stderr, "dsmla bench: some rows failed (see the table)\n");
+  return all_ok ? 0 : kExitRuntime;
+}
+#else
+int run_bench(const Options&) {
+  throw RuntimeFailure("this build has no CUDA backend (configure with -DDSMLA_ENABLE_CUDA=ON)");
+}
+#endif
+
+}  // namespace dsmla::tools::bench

@@ -1,0 +1,233 @@
+// `dsmla bench` workloads (workloads.hpp): counts, anchors, batches.
+#include "bench/workloads.hpp"
+
+#include <algorithm>
+#include <random>
+#include <span>
+
+namespace dsmla::tools::bench {
+
+const char* name_of(What w, bool decode) {
+  switch (w) {
+    case What::dense_route: return "dense_route";
+    case What::sparse_route: return decode ? "decode_route" : "sparse_route";
+    case What::dense_kernel: return "dense_kernel";
+    case What::sparse_kernel: return decode ? "decode_kernel" : "sparse_kernel";
+  }
+  return "?";
+}
+
+// Valid-work FLOPs (DESIGN §7): dense attention 2 * pairs * H * (192 + 128),
+// sparse 2 * valid * H * (576 + 512), up-projection 2 * rows * 512 * H * 256
+// (dense: every kv row; sparse: q absorption + output projection of every token).
+double flops_of(What what, const Work& w) {
+  const double h = w.heads;
+  const double dense_attention = 2.0 * w.causal_pairs() * h * (kQkHeadDim + kVHeadDim);
+  const double sparse_attention = 2.0 * w.sparse_valid() * h * (kLatentKeyDim + kLatentDim);
+  auto up_projection = [&](double rows) { return 2.0 * rows * kLatentDim * h * kKvBRowsPerHead; };
+  switch (what) {
+    case What::dense_kernel: return dense_attention;
+    case What::dense_route: return dense_attention + up_projection(static_cast<double>(w.kv_rows()));
+    case What::sparse_kernel: return sparse_attention;
+    case What::sparse_route: return sparse_attention + up_projection(static_cast<double>(w.tokens()));
+  }
+  return 0;
+}
+
+// Compulsory device-memory traffic: every input read once, every output
+// written once (workspace intermediates not counted). Used for TB/s and for
+// deciding how many input copies keep the working set out of L2.
+double bytes_of(What what, const Work& w) {
+  const double t = static_cast<double>(w.tokens()), h = w.heads;
+  const double bpt = bytes_per_token(w.cache);
+  const double out = t * h * kVHeadDim * kBf16 + t * h * kFp32;                 // out + lse
+  const double new_latent = t * kLatentKeyDim * kBf16;                           // kv_c + k_pe
+  const double weights = h * kKvBRowsPerHead * kLatentDim * kBf16;               // w_kv_b
+  const double q = t * h * kQkHeadDim * kBf16;
+  const double cache_write = t * bpt;
+  const double keys = w.distinct_keys() * bpt;
+  const double indices = t * w.topk * kInt32;
+  switch (what) {
+    case What::dense_kernel: {
+      const double kv = static_cast<double>(w.kv_rows());
+      return q + kv * h * kKvBRowsPerHead * kBf16 + kv * kRopeDim * kBf16 + out;
+    }
+    case What::dense_route:
+      return q + new_latent + weights + cache_write +
+             static_cast<double>(w.requests) * static_cast<double>(w.ctx_len()) * bpt + out;
+    case What::sparse_kernel:
+      return t * h * kLatentKeyDim * kBf16 + indices + t * kInt32 + keys +
+             t * h * kLatentDim * kBf16 + t * h * kFp32;
+    case What::sparse_route:
+      return q + new_latent + weights + cache_write + indices + keys + out;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- anchors
+// Reference figures copied from ANCHORS.md of the dsmla design brief: one
+// NVIDIA H200, driver 580.159, CUDA 13.0, torch 2.11, cuDNN 9.19, FlashMLA
+// 9241ae3, FlashAttention-3 (hopper/) 0251105, measured 2026-11-30, median of
+// 20 CUDA-event timings, bf16 random data. A value of 0 was not measured there.
+const char* const kAnchorSource =
+    "ANCHORS.md (dsmla design brief): H200, driver 580.159, CUDA 13.0, torch 2.11, cuDNN 9.19, "
+    "FlashMLA 9241ae3, FlashAttention-3 0251105, 2026-11-30";
+
+struct DenseAttentionAnchor {
+  int seq_len, heads;
+  double cudnn_ms, fa3_ms;  // cuDNN SDPA / FA3 varlen, 192/128 heads, causal, 16384 tokens
+};
+constexpr DenseAttentionAnchor kDenseAttentionAnchors[] = {
+    {128, 128, 0, 0.825},     {256, 128, 0.759, 0.861}, {512, 128, 1.044, 1.109},
+    {1024, 128, 1.508, 1.592}, {2048, 128, 2.557, 2.810}, {4096, 128, 4.975, 4.701},
+    {256, 16, 0.139, 0.263},   {512, 16, 0.172, 0.299},   {1024, 16, 0.220, 0.344},
+    {2048, 16, 0.358, 0.460},  {4096, 16, 0.683, 0.673},
+};
+
+// cuBLAS [16384, 512] x [512, H*256]: the low end of the measured range
+// (H 128: 0.87-0.93 ms, H 16: 0.12-0.14 ms).
+struct HeadsAnchor {
+  int heads;
+  double ms;
+};
+constexpr HeadsAnchor kUpProjectionAnchors[] = {{128, 0.87}, {16, 0.12}};
+// torch bmm of the sparse route: q absorption [H,T,128]x[H,128,512] and
+// output up-projection [H,T,512]x[H,512,128], 16384 tokens.
+constexpr HeadsAnchor kAbsorptionBmmAnchors[] = {{128, 0.77}, {16, 0.12}};
+constexpr HeadsAnchor kOutputBmmAnchors[] = {{128, 0.66}, {16, 0.12}};
+
+// FlashMLA flash_mla_sparse_fwd with topk_length (valid entries only), causal top-k sets.
+struct SparseAnchor {
+  int seq_len, heads;
+  double padded_ms, topk_length_ms;
+};
+constexpr SparseAnchor kSparseAnchors[] = {
+    {256, 128, 14.76, 2.37}, {512, 128, 14.66, 3.18},  {1024, 128, 14.60, 5.09},
+    {2048, 128, 14.47, 8.90}, {4096, 128, 15.73, 12.62}, {256, 64, 7.54, 1.21},
+    {1024, 64, 7.33, 2.46},  {4096, 64, 7.58, 6.26},
+};
+
+// FlashMLA flash_mla_with_kvcache, fp8_ds_mla, 1 query token, topk 2048, 8192-token contexts.
+struct DecodeAnchor {
+  int batch;
+  double h128_us, h64_us;
+};
+constexpr DecodeAnchor kDecodeAnchors[] = {{1, 47.5, 46.8}, {16, 65.4, 53.5}, {64, 121.2, 100.4},
+                                           {128, 212.6, 139.0}};
+
+// The dense route as torch composes it (GEMM, concat k_pe into K, cuDNN SDPA).
+struct ComposedAnchor {
+  int seq_len, heads;
+  double ms;
+};
+constexpr ComposedAnchor kTorchDenseRouteAnchors[] = {{256, 128, 2.98}, {1024, 128, 3.69}, {2048, 128, 4.70},
+                                                      {256, 16, 0.46},  {1024, 16, 0.56},  {2048, 16, 0.69}};
+
+double heads_anchor(std::span<const HeadsAnchor> table, int heads) {
+  for (const HeadsAnchor& a : table)
+    if (a.heads == heads) return a.ms;
+  return 0;
+}
+
+std::optional<Anchor> anchor_for(What what, const Work& w) {
+  if (w.decode) {
+    for (const DecodeAnchor& a : kDecodeAnchors) {
+      if (a.batch != w.requests) continue;
+      const double us = w.heads == 128 ? a.h128_us : w.heads == 64 ? a.h64_us : 0;
+      if (us > 0) return Anchor{us / 1000, "FlashMLA decode kernel (attention only)", 0, ""};
+    }
+    return std::nullopt;
+  }
+  if (what == What::dense_kernel || what == What::dense_route) {
+    for (const DenseAttentionAnchor& a : kDenseAttentionAnchors) {
+      if (a.seq_len != w.seq_len || a.heads != w.heads) continue;
+      const bool cudnn_best = a.cudnn_ms > 0 && (a.fa3_ms <= 0 || a.cudnn_ms <= a.fa3_ms);
+      Anchor anchor{cudnn_best ? a.cudnn_ms : a.fa3_ms, cudnn_best ? "cuDNN SDPA" : "FA3", 0, ""};
+      if (what == What::dense_kernel) return anchor;
+      const double gemm = heads_anchor(kUpProjectionAnchors, w.heads);
+      if (gemm <= 0) return std::nullopt;
+      anchor.ms += gemm;
+      anchor.what += " + cuBLAS up-projection";
+      for (const ComposedAnchor& c : kTorchDenseRouteAnchors) {
+        if (c.seq_len == w.seq_len && c.heads == w.heads) {
+          anchor.alt_ms = c.ms;
+          anchor.alt_what = "dense route composed in torch";
+        }
+      }
+      return anchor;
+    }
+    return std::nullopt;
+  }
+  for (const SparseAnchor& a : kSparseAnchors) {
+    if (a.seq_len != w.seq_len || a.heads != w.heads) continue;
+    const double gemms = heads_anchor(kAbsorptionBmmAnchors, w.heads) + heads_anchor(kOutputBmmAnchors, w.heads);
+    if (what == What::sparse_kernel) {
+      return Anchor{a.topk_length_ms, "FlashMLA sparse (topk_length)", a.padded_ms,
+                    "FlashMLA sparse over all 2048 slots (no topk_length)"};
+    }
+    if (heads_anchor(kAbsorptionBmmAnchors, w.heads) <= 0) return std::nullopt;
+    return Anchor{a.topk_length_ms + gemms, "FlashMLA sparse (topk_length) + torch bmm x2", a.padded_ms + gemms,
+                  "FlashMLA sparse over all 2048 slots + torch bmm x2"};
+  }
+  return std::nullopt;
+}
+
+std::vector<Work> work_list(const Options& o) {
+  const std::vector<int> seq_lens =
+      o.quick ? std::vector<int>{1024} : std::vector<int>{128, 256, 512, 1024, 2048, 4096};
+  const std::vector<int> prefill_heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 16};
+  const std::vector<int> decode_heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 64};
+  const std::vector<int> batches = o.quick ? std::vector<int>{64} : std::vector<int>{1, 16, 64, 128};
+  std::vector<Work> list;
+  for (int h : prefill_heads) {
+    for (int s : seq_lens) {
+      Work w;
+      w.requests = kPrefillTokens / s;
+      w.query_len = w.seq_len = s;
+      w.heads = h;
+      w.cache = o.prefill_cache;
+      list.push_back(w);
+    }
+  }
+  for (int h : decode_heads) {
+    for (int b : batches) {
+      Work w;
+      w.decode = true;
+      w.requests = b;
+      w.query_len = 1;
+      w.seq_len = kDecodeSeqLen;
+      w.heads = h;
+      w.cache = kDecodeCache;
+      list.push_back(w);
+    }
+  }
+  return list;
+}
+
+// Metadata of a uniform batch with a shuffled block table (every request's
+// blocks scattered over the cache, as a paged allocator leaves them).
+BatchStorage make_host_batch(const Work& w, std::uint64_t seed) {
+  const std::vector<std::int32_t> seq_lens(static_cast<std::size_t>(w.requests), w.seq_len);
+  const std::vector<std::int32_t> query_lens(static_cast<std::size_t>(w.requests), w.query_len);
+  std::mt19937_64 rng(seed);
+  BatchLayout layout;
+  layout.shuffle_rng = &rng;
+  return make_batch(seq_lens, query_lens, kBlockSize, layout);
+}
+
+// Dense requests of a uniform batch, as the planner lays them out.
+std::vector<DenseRequest> dense_requests_of(const Work& w) {
+  std::vector<DenseRequest> reqs(static_cast<std::size_t>(w.requests));
+  for (int r = 0; r < w.requests; ++r) {
+    DenseRequest& d = reqs[r];
+    d.request = r;
+    d.q_start = r * w.query_len;
+    d.q_len = w.query_len;
+    d.ctx_len = static_cast<std::int32_t>(w.ctx_len());
+    d.seq_len = w.seq_len;
+    d.kv_row_start = std::int64_t{r} * w.seq_len;
+  }
+  return reqs;
+}
+
+}  // namespace dsmla::tools::bench

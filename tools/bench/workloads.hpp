@@ -1,0 +1,107 @@
+// `dsmla bench` workloads: the fixed shapes of ANCHORS.md, the batches that
+// are timed (Work), what is timed of each (What), their valid-work FLOP and
+// compulsory-byte counts, the reference figures they are compared with, and
+// the host metadata of a batch. Host code only.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsmla/plan.hpp"
+#include "dsmla/testing/batch.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::tools::bench {
+
+// ---------------------------------------------------------------- fixed shapes
+constexpr int kPrefillTokens = 16384;  // B sequences of S tokens, B * S = 16384
+constexpr int kTopk = 2048;
+constexpr int kBlockSize = 64;
+constexpr int kDecodeSeqLen = 8192;    // context + the one new token
+constexpr CacheFormat kDecodeCache = CacheFormat::fp8_ds_mla;
+constexpr int kGemmCeilingN = 8192;
+constexpr std::size_t kCopyCeilingBytes = std::size_t{2} << 30;  // 2 GiB each way
+constexpr std::size_t kFallbackL2Bytes = 60u << 20;
+constexpr int kMaxInputCopies = 64;
+constexpr double kBf16 = 2, kFp32 = 4, kInt32 = 4;
+
+struct Options {
+  std::string json_path, md_path;
+  bool quick = false;
+  int repeats = 30;
+  int warmup = 5;
+  CacheFormat prefill_cache = CacheFormat::bf16;
+};
+
+// ---------------------------------------------------------------- work and its counts
+// A uniform batch: `requests` requests of seq_len positions, the last
+// query_len of them new (prefill: query_len = seq_len; decode: query_len = 1).
+struct Work {
+  bool decode = false;
+  int requests = 0;
+  int query_len = 0;
+  int seq_len = 0;
+  int heads = 0;
+  int topk = kTopk;
+  CacheFormat cache = CacheFormat::bf16;
+
+  std::int64_t tokens() const { return std::int64_t{requests} * query_len; }
+  std::int64_t ctx_len() const { return seq_len - query_len; }
+  std::int64_t kv_rows() const { return std::int64_t{requests} * seq_len; }
+  // Causal (query, key) pairs: new token i sees ctx + i + 1 positions.
+  double causal_pairs() const {
+    const double q = query_len, c = static_cast<double>(ctx_len());
+    return requests * (q * c + q * (q + 1) / 2);
+  }
+  // Valid top-k entries: token i selects min(ctx + i + 1, topk) positions.
+  double sparse_valid() const {
+    double per_request = 0;
+    for (std::int64_t i = 0; i < query_len; ++i) per_request += std::min<std::int64_t>(ctx_len() + i + 1, topk);
+    return requests * per_request;
+  }
+  // Distinct cache positions the sparse kernel must read (exact for the causal sets used here).
+  double distinct_keys() const {
+    return requests * static_cast<double>(std::min<std::int64_t>(seq_len, std::int64_t{query_len} * topk));
+  }
+};
+
+enum class What { dense_route, sparse_route, dense_kernel, sparse_kernel };
+
+const char* name_of(What w, bool decode);
+// Valid-work FLOPs (DESIGN §7): dense attention 2 * pairs * H * (192 + 128),
+// sparse 2 * valid * H * (576 + 512), up-projection 2 * rows * 512 * H * 256
+// (dense: every kv row; sparse: q absorption + output projection of every token).
+double flops_of(What what, const Work& w);
+// Compulsory device-memory traffic: every input read once, every output
+// written once (workspace intermediates not counted). Used for TB/s and for
+// deciding how many input copies keep the working set out of L2.
+double bytes_of(What what, const Work& w);
+
+// The prefill batches (S 128..4096, H 128 and 16) and decode batches (batch
+// 1..128, H 128 and 64) of a run; --quick: S 1024, H 128, decode batch 64.
+std::vector<Work> work_list(const Options& o);
+
+// ---------------------------------------------------------------- anchors
+// Where the reference figures come from (ANCHORS.md of the design brief).
+extern const char* const kAnchorSource;
+
+// What a row is compared with (`ms`, the same work by the best parts available
+// today) and, where ANCHORS.md has one, a second reference shown in the JSON.
+struct Anchor {
+  double ms = 0;
+  std::string what;
+  double alt_ms = 0;
+  std::string alt_what;
+};
+std::optional<Anchor> anchor_for(What what, const Work& w);
+
+// ---------------------------------------------------------------- host batch metadata
+// Metadata of a uniform batch with a shuffled block table (every request's
+// blocks scattered over the cache, as a paged allocator leaves them).
+BatchStorage make_host_batch(const Work& w, std::uint64_t seed);
+// Dense requests of a uniform batch, as the planner lays them out.
+std::vector<DenseRequest> dense_requests_of(const Work& w);
+
+}  // namespace dsmla::tools::bench
