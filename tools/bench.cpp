@@ -30,6 +30,7 @@
 #include "cli.hpp"
 #include "dsmla/attention.hpp"
 #include "dsmla/plan.hpp"
+#include "dsmla/safetensors.hpp"
 #include "dsmla/types.hpp"
 #if defined(DSMLA_WITH_CUDA)
 #include "cuda/bench/bench_device.hpp"
@@ -552,10 +553,8 @@ void print_table(const Report& rep) {
 }
 
 void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) throw Error("cannot write '" + path + "'");
-  f << text;
-  if (!f) throw Error("error writing '" + path + "'");
+  io::write_file_atomic(path, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()),
+                                                            text.size()));
 }
 
 // ---------------------------------------------------------------- host batch metadata

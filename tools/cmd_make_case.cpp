@@ -5,6 +5,7 @@
 
 #include "cli.hpp"
 #include "dsmla/case.hpp"
+#include "dsmla/safetensors.hpp"
 
 namespace dsmla::tools {
 
@@ -98,6 +99,11 @@ int make_case_main(int argc, char** argv) {
   spec.with_topk = !args.has("--no-topk");
 
   const std::string path = args.positional()[0];
+  try {
+    io::check_writable(path);  // before the work; a failure while writing later exits 1
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   std::fprintf(stderr, "dsmla make-case: generating %zu requests, %d heads, cache %s\n", spec.seq_lens.size(),
                spec.num_heads, std::string(to_string(spec.cache_format)).c_str());
   const Case c = make_synthetic_case(spec);
