@@ -503,6 +503,15 @@ Case load_case(const std::string& path) {
   }
 }
 
+Case load_case_from_memory(std::span<const std::uint8_t> bytes, const std::string& name_for_errors) {
+  const io::File f = io::parse_safetensors(bytes, name_for_errors);
+  try {
+    return case_from_file(f);
+  } catch (const Error& e) {
+    throw Error("case file '" + name_for_errors + "': " + e.what());
+  }
+}
+
 void save_case(const std::string& path, const Case& c) {
   c.check_shapes();
   const std::int64_t T = c.num_tokens, H = c.num_heads, R = c.num_requests;
