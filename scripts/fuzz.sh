@@ -33,7 +33,7 @@ common=(-timeout=20 -rss_limit_mb=2560 -malloc_limit_mb=2560 -print_final_stats=
 echo "== fuzz: every regression input through every target"
 mapfile -t regressions < <(find fuzz/regressions -type f | sort)
 for t in "${targets[@]}"; do
-  "$build/fuzz/fuzz_$t" "${common[@]}" "${regressions[@]}" >"$build/regressions_$t.log" 2>&1 \
+  DSMLA_FUZZ_FORWARD=1 "$build/fuzz/fuzz_$t" "${common[@]}" "${regressions[@]}" >"$build/regressions_$t.log" 2>&1 \
     || { tail -50 "$build/regressions_$t.log"; echo "fuzz: target $t fails on a regression input" >&2; exit 1; }
   echo "fuzz_$t: ${#regressions[@]} regression inputs ok"
 done
