@@ -30,9 +30,9 @@ if [ $sanitize = 1 ]; then
     DSMLA_TEST_SCALE=small ctest --test-dir build-asan -L cpu --output-on-failure -j "$jobs" --timeout 1800
 fi
 if [ $fuzz = 1 ]; then
-  # libFuzzer targets (clang): the regression inputs, then 45 s of fuzzing per
+  # libFuzzer targets (clang): the regression inputs, then 30 s of fuzzing per
   # target (about 4-5 minutes with the build on 2 cores). Longer: scripts/fuzz.sh 3600.
   echo "== fuzzers"
-  scripts/fuzz.sh "${DSMLA_FUZZ_SECONDS:-45}"
+  scripts/fuzz.sh "${DSMLA_FUZZ_SECONDS:-30}"
 fi
 echo "== all tests passed"

@@ -303,6 +303,10 @@ TEST_F(CliRobustness, OneBlockRepeatedForAHugeSequence) {
   save_case(file("bad.safetensors"), c);
   expect_bad_case(file("bad.safetensors"), {"of the cached prefix of request 0"});
 
+  expect_exit(cli({"make-case", file("c.safetensors"), "--seq-lens", "16000000", "--query-lens", "16000000",
+                   "--heads", "128"}),
+              2, {"bytes, more than the limit of 4294967296"});
+  EXPECT_FALSE(std::filesystem::exists(file("c.safetensors")));
   expect_exit(cli({"plan", "--seq-lens", "2000000", "--query-lens", "1"}), 2,
               {"seq_len 2000000 exceeds the limit of 1048576"});
   expect_exit(cli({"plan", "--seq-lens", "8", "--query-lens", "1", "--topk", "100000"}), 2,
