@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned build and test dependencies from Debian (bookworm).
 # Safe to run repeatedly: it only installs what is missing or at another version.
+# --fuzz: also clang and its runtime libraries (libFuzzer, sanitizers) for scripts/fuzz.sh.
 set -euo pipefail
 
 # package=version pairs, pinned to Debian bookworm.
@@ -12,6 +13,18 @@ PACKAGES=(
   libgtest-dev=1.12.1-0.2
   nlohmann-json3-dev=3.11.2-2
 )
+
+# scripts/fuzz.sh: clang 14 and libclang-rt (libFuzzer, ASan, UBSan runtimes).
+FUZZ_PACKAGES=(
+  clang-14=1:14.0.6-12
+  libclang-rt-14-dev=1:14.0.6-12
+)
+for a in "$@"; do
+  case $a in
+    --fuzz) PACKAGES+=("${FUZZ_PACKAGES[@]}") ;;
+    *) echo "usage: scripts/install-deps.sh [--fuzz]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

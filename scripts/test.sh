@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The test command of the README: installs the pinned dependencies, builds,
 # and runs every test that needs no GPU, then the same CPU tests again under
-# AddressSanitizer + UBSan.  Tests labelled `gpu` also run (and report a skip)
-# when no GPU is visible; pass --cpu-only to leave them out.
+# AddressSanitizer + UBSan, then the libFuzzer targets briefly (scripts/fuzz.sh).
+# Tests labelled `gpu` also run (and report a skip) when no GPU is visible;
+# pass --cpu-only to leave them out.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-labels="cpu|gpu"; sanitize=1
+labels="cpu|gpu"; sanitize=1; fuzz=1
 for a in "$@"; do
   case $a in
     --cpu-only) labels="cpu" ;;
     --no-sanitize) sanitize=0 ;;
-    *) echo "usage: scripts/test.sh [--cpu-only] [--no-sanitize]" >&2; exit 2 ;;
+    --no-fuzz) fuzz=0 ;;
+    *) echo "usage: scripts/test.sh [--cpu-only] [--no-sanitize] [--no-fuzz]" >&2; exit 2 ;;
   esac
 done
 scripts/install-deps.sh
@@ -26,5 +28,11 @@ if [ $sanitize = 1 ]; then
   DSMLA_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-asan -DDSMLA_SANITIZE=ON -DDSMLA_ENABLE_CUDA=OFF
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     DSMLA_TEST_SCALE=small ctest --test-dir build-asan -L cpu --output-on-failure -j "$jobs" --timeout 1800
+fi
+if [ $fuzz = 1 ]; then
+  # libFuzzer targets (clang): the regression inputs, then 30 s of fuzzing per
+  # target (about 4-5 minutes with the build on 2 cores). Longer: scripts/fuzz.sh 3600.
+  echo "== fuzzers"
+  scripts/fuzz.sh "${DSMLA_FUZZ_SECONDS:-30}"
 fi
 echo "== all tests passed"

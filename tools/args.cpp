@@ -39,7 +39,7 @@ Args::Args(std::string command, const std::vector<OptionSpec>& specs, int argc, 
       inline_value = true;
     }
     const OptionSpec* spec = find_spec(specs, name);
-    if (spec == nullptr) throw UsageError("unknown option '" + name + "'" + see_help);
+    if (spec == nullptr) throw UsageError("unknown option '" + printable(name) + "'" + see_help);
     if (values_.count(spec->name)) throw UsageError("option '" + spec->name + "' given twice");
     if (spec->is_flag) {
       if (inline_value) throw UsageError("option '" + spec->name + "' takes no value");
@@ -73,7 +73,7 @@ double Args::get_positive_double(const std::string& name, double fallback) const
   const auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   const double v = parse_double(it->second, name);
-  if (!(v > 0) || !std::isfinite(v)) throw UsageError(name + " must be a positive number, got '" + it->second + "'");
+  if (!(v > 0) || !std::isfinite(v)) throw UsageError(name + " must be a positive number, got '" + printable(it->second) + "'");
   return v;
 }
 
@@ -96,14 +96,14 @@ std::vector<int> Args::get_int_list(const std::string& name, int lo, int hi) con
 
 void Args::expect_positional(std::size_t n, const std::string& what) const {
   if (positional_.size() < n) throw UsageError("missing " + what + " (see 'dsmla " + command_ + " --help')");
-  if (positional_.size() > n) throw UsageError("unexpected argument '" + positional_[n] + "'");
+  if (positional_.size() > n) throw UsageError("unexpected argument '" + printable(positional_[n]) + "'");
 }
 
 std::int64_t parse_int(std::string_view text, const std::string& what) {
   std::int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    throw UsageError(what + ": '" + std::string(text) + "' is not an integer");
+    throw UsageError(what + ": '" + printable(text) + "' is not an integer");
   return v;
 }
 
@@ -111,7 +111,7 @@ double parse_double(std::string_view text, const std::string& what) {
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    throw UsageError(what + ": '" + std::string(text) + "' is not a number");
+    throw UsageError(what + ": '" + printable(text) + "' is not a number");
   return v;
 }
 
@@ -140,7 +140,7 @@ BackendKind pick_backend(const std::string& name) {
     return BackendKind::cuda;
   }
   if (name == "auto") return cuda_backend_available() ? BackendKind::cuda : BackendKind::cpu;
-  throw UsageError("--backend: unknown backend '" + name + "' (expected cpu, cuda or auto)");
+  throw UsageError("--backend: unknown backend '" + printable(name) + "' (expected cpu, cuda or auto)");
 }
 
 }  // namespace dsmla::tools

@@ -4,7 +4,9 @@
 #include <string>
 
 #include "cli.hpp"
+#include "dsmla/format.hpp"
 #include "dsmla/testing/case.hpp"
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla::tools {
 
@@ -35,6 +37,10 @@ options:
   --topk-fill NAME        causal_full | random_subset | all_empty (default causal_full)
   --padding-tokens N      extra rows at the end with slot -1 (default 0)
   --no-topk               leave out the topk_indices tensor
+
+A case over 4 GiB of tensors is refused before anything is generated. The
+file is written to a temporary file in the target directory and renamed into
+place. exit status: 0 ok, 1 the write failed, 2 usage error or bad input
 )";
 
 TopkFill parse_topk_fill(const std::string& s) {
@@ -45,6 +51,7 @@ TopkFill parse_topk_fill(const std::string& s) {
 }
 
 constexpr int kMaxLen = 1 << 24;
+constexpr double kMaxCaseBytes = 4.0 * (1 << 30);  // 4 GiB of tensors
 
 }  // namespace
 
@@ -97,7 +104,26 @@ int make_case_main(int argc, char** argv) {
   spec.padding_tokens = static_cast<int>(args.get_int("--padding-tokens", 0, 0, kMaxLen));
   spec.with_topk = !args.has("--no-topk");
 
+  // Refuse a case that cannot reasonably be built in memory before allocating it.
+  {
+    double tokens = spec.padding_tokens, slots = static_cast<double>(spec.spare_blocks) * spec.block_size;
+    for (std::size_t r = 0; r < spec.seq_lens.size(); ++r) {
+      tokens += spec.query_lens[r];
+      slots += static_cast<double>((spec.seq_lens[r] + spec.block_size - 1) / spec.block_size) * spec.block_size;
+    }
+    const double bytes = tokens * (spec.num_heads * 192.0 + 512 + 64) * 2 + spec.num_heads * 256.0 * 512 * 2 +
+                         slots * bytes_per_token(spec.cache_format) + (spec.with_topk ? tokens * spec.topk * 4.0 : 0);
+    if (bytes > kMaxCaseBytes)
+      throw UsageError("the case would take " + std::to_string(static_cast<long long>(bytes)) +
+                       " bytes, more than the limit of " + std::to_string(static_cast<long long>(kMaxCaseBytes)) +
+                       " (fewer tokens, heads, top-k columns or cache blocks)");
+  }
   const std::string path = args.positional()[0];
+  try {
+    io::check_writable(path);  // before the work; a failure while writing later exits 1
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   std::fprintf(stderr, "dsmla make-case: generating %zu requests, %d heads, cache %s\n", spec.seq_lens.size(),
                spec.num_heads, std::string(to_string(spec.cache_format)).c_str());
   const Case c = make_synthetic_case(spec);

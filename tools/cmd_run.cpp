@@ -1,8 +1,12 @@
 // `dsmla run CASE -o OUT`: one forward on the inputs of a case file.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
+#include <limits>
+#include <span>
 #include <string>
+#include <system_error>
 
 #include "case_runner.hpp"
 #include "cli.hpp"
@@ -39,7 +43,13 @@ options:
                         only matches -inf, and up to 10 outputs per million may
                         exceed the bound by at most 1.5x (bf16 intermediates)
 
-exit status: 0 ok, 1 runtime failure or failed --check, 2 usage error or bad input
+The output is written to a temporary file in the output's directory and
+renamed into place when complete; the output may not be the case file itself.
+When finite inputs overflow (the run writes NaN / inf into out or lse), the
+count is reported and the exit status is 1.
+
+exit status: 0 ok, 1 runtime failure (a write that failed, non-finite outputs
+from finite inputs) or failed --check, 2 usage error or bad input
 )";
 
 io::Tensor tensor_of(io::DType dtype, std::vector<std::int64_t> shape, const void* data, std::size_t bytes) {
@@ -56,6 +66,34 @@ std::int64_t differing_cache_tokens(const std::vector<std::uint8_t>& a, const st
   std::int64_t n = 0;
   for (std::size_t off = 0; off + static_cast<std::size_t>(bytes_per_token) <= a.size(); off += bytes_per_token)
     if (std::memcmp(a.data() + off, b.data() + off, static_cast<std::size_t>(bytes_per_token)) != 0) ++n;
+  return n;
+}
+
+bool bf16_finite(std::uint16_t bits) { return (bits & 0x7f80) != 0x7f80; }
+
+struct NonFinite {
+  std::int64_t out = 0, lse = 0;
+};
+
+// NaN / inf in out, NaN / +inf in lse (-inf is the lse of a row with no key).
+NonFinite count_nonfinite_outputs(const RunOutputs& r) {
+  NonFinite n;
+  for (std::uint16_t v : r.out) n.out += bf16_finite(v) ? 0 : 1;
+  for (float v : r.lse) n.lse += (std::isnan(v) || v == std::numeric_limits<float>::infinity()) ? 1 : 0;
+  return n;
+}
+
+// Non-finite values among the inputs: bf16 tensors and the dequantised cache.
+std::int64_t count_nonfinite_inputs(const Case& c) {
+  std::int64_t n = 0;
+  for (const auto* v : {&c.q, &c.kv_c, &c.k_pe, &c.w_kv_b})
+    for (std::uint16_t x : *v) n += bf16_finite(x) ? 0 : 1;
+  const auto bpt = static_cast<std::size_t>(bytes_per_token(c.cache_format));
+  float token[kLatentKeyDim];
+  for (std::size_t off = 0; off + bpt <= c.kv_cache.size(); off += bpt) {
+    read_cache_token(c.cache_format, std::span<const std::uint8_t>(c.kv_cache.data() + off, bpt), token, c.k_scale);
+    for (float x : token) n += std::isfinite(x) ? 0 : 1;
+  }
   return n;
 }
 
@@ -91,6 +129,14 @@ int run_main(int argc, char** argv) {
   const BackendKind backend = pick_backend(args.get("--backend", "auto"));
   const int threads = static_cast<int>(args.get_int("--threads", 0, 0, 4096));
 
+  // Never overwrite the input: the same file under another name (a hard or
+  // symbolic link, "./x") counts as the same file.
+  {
+    std::error_code ec;
+    if (std::filesystem::equivalent(case_path, out_path, ec))
+      throw UsageError("the output file '" + printable(out_path, 200) + "' is the input case file '" +
+                       printable(case_path, 200) + "': refusing to overwrite the input");
+  }
   std::fprintf(stderr, "dsmla run: reading %s\n", case_path.c_str());
   Case c = load_case(case_path);
   if (args.has("--policy")) c.policy = parse_policy_arg(args.get("--policy", ""), "--policy");
@@ -99,8 +145,13 @@ int run_main(int argc, char** argv) {
                c.block_size, c.topk, std::string(to_string(c.policy)).c_str());
 
   // Fail on an unwritable output path now, not after a possibly long forward.
-  if (!std::ofstream(out_path, std::ios::binary | std::ios::app))
-    throw UsageError("cannot write the output file '" + out_path + "'");
+  // (The output is written to a temporary file and renamed into place: a failed
+  // or interrupted run never leaves a partial file under the output name.)
+  try {
+    io::check_writable(out_path);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   CaseRunner runner(c, backend, c.plan_options(), CpuPrecision::float32, threads);
   const PathCounts paths = count_paths(runner.plan());
   std::fprintf(stderr, "dsmla run: plan: %lld decode, %lld sparse prefill, %lld dense, %lld padding tokens\n",
@@ -120,10 +171,25 @@ int run_main(int argc, char** argv) {
   f.metadata["backend"] = backend_name;
   f.metadata["policy"] = std::string(to_string(c.policy));
   f.metadata["cache_format"] = std::string(to_string(c.cache_format));
-  io::write_safetensors(out_path, f);
+  io::write_safetensors(out_path, f);  // io::WriteError: exit 1
   std::fprintf(stderr, "dsmla run: wrote %s\n", out_path.c_str());
 
-  if (!args.has("--check")) return 0;
+  // Finite inputs that overflow (values near the bf16 range, large scales)
+  // give NaN / inf outputs: report them, and fail when the inputs were finite.
+  const NonFinite bad_out = count_nonfinite_outputs(result);
+  bool outputs_ok = true;
+  if (bad_out.out + bad_out.lse > 0) {
+    const std::int64_t bad_in = count_nonfinite_inputs(c);
+    std::fprintf(stderr,
+                 "dsmla run: %s: the run wrote %lld non-finite values of %zu in 'out' and %lld of %zu in 'lse' "
+                 "(NaN or +inf); the inputs hold %lld non-finite values%s\n",
+                 bad_in == 0 ? "error" : "warning", static_cast<long long>(bad_out.out), result.out.size(),
+                 static_cast<long long>(bad_out.lse), result.lse.size(), static_cast<long long>(bad_in),
+                 bad_in == 0 ? ": finite inputs overflowed the float32 / bf16 arithmetic" : "");
+    outputs_ok = bad_in != 0;
+  }
+
+  if (!args.has("--check")) return outputs_ok ? 0 : kExitRuntime;
 
   std::fprintf(stderr, "dsmla run: running the cpu float64 reference\n");
   CaseRunner reference(c, BackendKind::cpu, c.plan_options(), CpuPrecision::float64, threads);
@@ -139,7 +205,7 @@ int run_main(int argc, char** argv) {
   // Both backends write the cache with the same byte format: any differing token is a failure.
   const bool passed = report.ok() && cache_diff == 0;
   std::printf("check %s\n", passed ? "passed" : "FAILED");
-  return passed ? 0 : kExitRuntime;
+  return passed && outputs_ok ? 0 : kExitRuntime;
 }
 
 }  // namespace dsmla::tools

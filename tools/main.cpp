@@ -9,6 +9,7 @@
 
 #include "bench/bench.hpp"
 #include "cli.hpp"
+#include "dsmla/testing/safetensors.hpp"
 #include "dsmla/version.h"
 
 namespace {
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: usage error: %s\n", prefix.c_str(), e.what());
     return kExitBadInput;
   } catch (const RuntimeFailure& e) {
+    std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), e.what());
+    return kExitRuntime;
+  } catch (const dsmla::io::WriteError& e) {
+    // Writing an output failed after the work (full disk, I/O error).
     std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), e.what());
     return kExitRuntime;
   } catch (const dsmla::Error& e) {

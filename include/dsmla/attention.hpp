@@ -45,6 +45,22 @@ struct ForwardInputs {
   float q_scale = 1;
 };
 
+// Accepted ranges of the scales (docs/api.md): beyond them a finite input
+// overflows the float32 / bf16 arithmetic of the kernels. Attention::run (and
+// so the C API and `dsmla run`) throws Error naming the value and the range.
+inline constexpr double kMinSoftmaxScale = 1e-6, kMaxSoftmaxScale = 1e3;
+inline constexpr double kMinQuantScale = 1e-9, kMaxQuantScale = 1e9;  // k_scale, q_scale (fp8 cache)
+
+// Throws Error unless softmax_scale is in [kMinSoftmaxScale, kMaxSoftmaxScale]
+// and, for the fp8 cache format, k_scale and q_scale are in [kMinQuantScale, kMaxQuantScale].
+void check_scales(float softmax_scale, float k_scale, float q_scale, CacheFormat format);
+
+// Limits of the CPU backend (docs/api.md): Attention::plan refuses a batch whose
+// DESIGN §3 cost-model work, over all heads, exceeds kCpuMaxFlops, or with a
+// dense request longer than kCpuMaxDenseSeqLen (its buffers grow with seq_len).
+inline constexpr double kCpuMaxFlops = 5e11;
+inline constexpr int kCpuMaxDenseSeqLen = 16384;
+
 class BackendImpl;  // one per backend, in src/cpu and src/cuda
 
 class Attention {

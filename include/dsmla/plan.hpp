@@ -29,6 +29,13 @@ struct BatchDesc {
   int block_size = 64;                            // tokens per cache block
 };
 
+// Limits of one batch on every backend (docs/api.md, "Limits"): plan() refuses
+// a batch beyond them with an Error naming the value and the limit, before
+// anything is allocated.
+inline constexpr int kMaxTopk = 1 << 16;             // top-k columns
+inline constexpr std::int32_t kMaxSeqLen = 1 << 20;  // context + new tokens of one request
+inline constexpr int kMaxTokens = 1 << 20;           // token rows of a batch (padding included)
+
 struct PlanOptions {
   int num_heads = 128;                 // H: multiple of 16 in [16, 128]
   CacheFormat cache_format = CacheFormat::bf16;
@@ -120,7 +127,10 @@ class Planner {
 
 // Builds a plan from scratch. Throws Error on inconsistent input, naming the
 // request / token and value (query_len > seq_len, block table too short,
-// slot outside the cache, extents that disagree, bad options).
+// slot outside the cache, extents that disagree, bad options, a batch over
+// the limits above). A cache slot written by two tokens, or written by a new
+// token while it holds a position of some request's cached prefix, is
+// corrupt input too (the result would depend on the order of the writes).
 Plan make_plan(const BatchDesc& batch, const PlanOptions& options);
 
 // DESIGN §3 cost model, FLOPs per head.

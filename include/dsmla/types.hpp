@@ -54,6 +54,8 @@ std::string_view to_string(CacheFormat f);
 std::string_view to_string(RoutingPolicy p);
 std::string_view to_string(TokenPath p);
 // Parse the names used in DESIGN and in case files; throws Error naming the text.
+// Only the three names of to_string() are cache formats (vLLM's "auto" and
+// "fp8_e4m3" are rejected: leave cache_format out of a case file to infer it).
 CacheFormat parse_cache_format(std::string_view s);
 RoutingPolicy parse_routing_policy(std::string_view s);
 
@@ -64,6 +66,13 @@ inline constexpr std::size_t kWorkspaceAlignment = 256;
 constexpr std::size_t align_up(std::size_t bytes, std::size_t alignment = kWorkspaceAlignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
+
+// Untrusted text (a metadata value, a JSON excerpt, a command-line word) as it
+// may appear inside an error message: every byte outside printable ASCII and
+// the backslash are escaped (\xNN, \n, \\), and the result is cut to about
+// max_chars characters with "...(N bytes)" appended. Every message that quotes
+// input uses this, so no message is cut at a NUL or floods the terminal.
+std::string printable(std::string_view text, std::size_t max_chars = 80);
 
 // The default softmax scale of DeepSeek-V3.2: 192^-0.5 * mscale^2, mscale = 0.1 ln 40 + 1.
 double default_softmax_scale();

@@ -2,6 +2,7 @@
 #include "dsmla/attention.hpp"
 
 #include <cstddef>
+#include <cstdio>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,7 +22,27 @@ std::unique_ptr<BackendImpl> make_backend(BackendKind kind, const PlanOptions& o
   throw Error("unknown backend kind " + std::to_string(static_cast<int>(kind)));
 }
 
+std::string number_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void check_scale(const char* name, float value, double lo, double hi) {
+  if (!(value >= lo && value <= hi))  // NaN fails too
+    throw Error(std::string(name) + " " + number_text(value) + " is outside the accepted range [" + number_text(lo) +
+                ", " + number_text(hi) + "]");
+}
+
 }  // namespace
+
+void check_scales(float softmax_scale, float k_scale, float q_scale, CacheFormat format) {
+  check_scale("softmax_scale", softmax_scale, kMinSoftmaxScale, kMaxSoftmaxScale);
+  if (format == CacheFormat::fp8) {
+    check_scale("k_scale", k_scale, kMinQuantScale, kMaxQuantScale);
+    check_scale("q_scale", q_scale, kMinQuantScale, kMaxQuantScale);
+  }
+}
 
 // Host copy of the planned batch's metadata: run_checked validates top-k indices
 // against it, since the caller's spans need not outlive plan() (and the run's
@@ -72,6 +93,7 @@ void Attention::run(const ForwardInputs& inputs, void* workspace, void* cuda_str
   const std::size_t needed = impl_->workspace_bytes(p);
   if (needed > 0 && workspace == nullptr)
     throw Error("Attention::run: workspace is null, the plan needs " + std::to_string(needed) + " bytes");
+  check_scales(inputs.softmax_scale, inputs.k_scale, inputs.q_scale, p.options.cache_format);
   impl_->run(p, inputs, workspace, cuda_stream);
 }
 

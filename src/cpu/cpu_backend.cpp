@@ -35,6 +35,7 @@
 //    rounded (out to bf16, lse to float).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -426,7 +427,23 @@ class CpuBackend final : public BackendImpl {
   CpuBackend(CpuPrecision precision, int threads)
       : precision_(precision), threads_(cpu::resolve_thread_count(threads)) {}
 
-  void on_plan(const Plan&) override {}
+  // The CPU backend's limits (docs/api.md): a batch it would take minutes or
+  // gigabytes for is refused at plan time, before anything is allocated.
+  void on_plan(const Plan& plan) override {
+    double flops = 0;  // DESIGN §3 cost model, all heads
+    for (const RequestRoute& route : plan.routes)
+      if (route.q_len > 0) flops += route.path == TokenPath::dense ? route.dense_flops : route.sparse_flops;
+    flops *= plan.options.num_heads;
+    if (flops > kCpuMaxFlops) {
+      char text[160];
+      std::snprintf(text, sizeof text, "CPU backend: the batch needs about %.3g FLOPs (cost model), over the limit of %.3g",
+                    flops, kCpuMaxFlops);
+      throw Error(text);
+    }
+    if (plan.max_dense_seq_len > kCpuMaxDenseSeqLen)
+      throw Error("CPU backend: a dense request of seq_len " + std::to_string(plan.max_dense_seq_len) +
+                  " exceeds the limit of " + std::to_string(kCpuMaxDenseSeqLen) + " tokens");
+  }
 
   // Scratch is host memory the backend allocates itself: there is no graph
   // capture to protect on the CPU, and its size depends on the indices' contents.

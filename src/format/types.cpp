@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
@@ -39,18 +41,48 @@ std::string_view to_string(TokenPath p) {
 }
 
 CacheFormat parse_cache_format(std::string_view s) {
-  if (s == "bf16" || s == "auto") return CacheFormat::bf16;
+  if (s == "bf16") return CacheFormat::bf16;
   if (s == "fp8_ds_mla") return CacheFormat::fp8_ds_mla;
-  if (s == "fp8" || s == "fp8_e4m3") return CacheFormat::fp8;
-  throw Error("unknown cache format '" + std::string(s) + "' (expected bf16, fp8_ds_mla or fp8)");
+  if (s == "fp8") return CacheFormat::fp8;
+  throw Error("unknown cache format '" + printable(s) + "' (expected bf16, fp8_ds_mla or fp8)");
 }
 
 RoutingPolicy parse_routing_policy(std::string_view s) {
   if (s == "per_request") return RoutingPolicy::per_request;
   if (s == "per_batch") return RoutingPolicy::per_batch;
   if (s == "force_sparse") return RoutingPolicy::force_sparse;
-  throw Error("unknown routing policy '" + std::string(s) +
+  throw Error("unknown routing policy '" + printable(s) +
               "' (expected per_request, per_batch or force_sparse)");
+}
+
+std::string printable(std::string_view text, std::size_t max_chars) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(std::min(text.size(), max_chars) + 16);
+  std::size_t used = 0;  // input bytes represented in `out`
+  for (; used < text.size(); ++used) {
+    const auto c = static_cast<unsigned char>(text[used]);
+    char piece[4];
+    std::size_t n = 0;
+    if (c == '\\') {
+      piece[n++] = '\\';
+      piece[n++] = '\\';
+    } else if (c == '\n') {
+      piece[n++] = '\\';
+      piece[n++] = 'n';
+    } else if (c < 0x20 || c >= 0x7f) {
+      piece[n++] = '\\';
+      piece[n++] = 'x';
+      piece[n++] = kHex[c >> 4];
+      piece[n++] = kHex[c & 15];
+    } else {
+      piece[n++] = static_cast<char>(c);
+    }
+    if (out.size() + n > max_chars) break;
+    out.append(piece, n);
+  }
+  if (used < text.size()) out += "...(" + std::to_string(text.size()) + " bytes)";
+  return out;
 }
 
 double default_softmax_scale() {

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "dsmla/plan.hpp"
@@ -52,6 +53,7 @@ void check_options(const PlanOptions& o) {
     fail("num_heads ", o.num_heads, " is not a multiple of 16 in [16, 128]");
   (void)bytes_per_token(o.cache_format);  // throws on a value outside the enum
   if (o.topk < 1) fail("topk ", o.topk, " < 1");
+  if (o.topk > kMaxTopk) fail("topk ", o.topk, " exceeds the limit of ", kMaxTopk, " columns");
   if (o.decode_threshold < 1) fail("decode_threshold ", o.decode_threshold, " < 1");
   if (o.policy != RoutingPolicy::per_request && o.policy != RoutingPolicy::per_batch &&
       o.policy != RoutingPolicy::force_sparse)
@@ -63,6 +65,7 @@ void check_options(const PlanOptions& o) {
 void check_scalars(const BatchDesc& b) {
   if (b.block_size <= 0) fail("block_size ", b.block_size, " <= 0");
   if (b.num_tokens < 0) fail("num_tokens ", b.num_tokens, " < 0");
+  if (b.num_tokens > kMaxTokens) fail("num_tokens ", b.num_tokens, " exceeds the limit of ", kMaxTokens, " token rows");
   if (b.num_cache_blocks < 0) fail("num_cache_blocks ", b.num_cache_blocks, " < 0");
   if (b.num_cache_blocks > plan_detail::kMaxCacheSlots / b.block_size)
     fail("num_cache_blocks ", b.num_cache_blocks, " * block_size ", b.block_size,
@@ -91,6 +94,7 @@ void check_requests(const BatchDesc& b) {
     const std::int32_t seq_len = b.seq_lens[r];
     const std::int32_t q_len = b.query_start_loc[r + 1] - b.query_start_loc[r];
     if (seq_len < 0) fail("request ", r, ": seq_len ", seq_len, " < 0");
+    if (seq_len > kMaxSeqLen) fail("request ", r, ": seq_len ", seq_len, " exceeds the limit of ", kMaxSeqLen, " tokens");
     if (q_len > seq_len) fail("request ", r, ": query_len ", q_len, " > seq_len ", seq_len);
     plan_detail::check_block_table_row(b, static_cast<std::int64_t>(r), seq_len);
   }
@@ -131,11 +135,62 @@ void check_slot_mapping(const BatchDesc& b) {
   }
 }
 
+// A cache slot is written at most once per forward, and never while it holds a
+// position of a cached prefix (of any request, the writer's own included):
+// either way the result would depend on the order of the writes. Requests may
+// share blocks they only read (prefix caching). Runs after check_slot_mapping,
+// so every written slot is its token's own position's slot.
+void check_slot_conflicts(const BatchDesc& b) {
+  const std::size_t R = b.seq_lens.size();
+  const auto qsl = b.query_start_loc;
+  struct Write {
+    std::int64_t slot;
+    std::int32_t token;
+  };
+  std::vector<Write> writes;
+  for (std::int32_t t = 0; t < qsl[R]; ++t)
+    if (b.slot_mapping[t] != -1) writes.push_back({b.slot_mapping[t], t});
+  if (writes.empty()) return;
+  std::sort(writes.begin(), writes.end(), [](const Write& x, const Write& y) {
+    return x.slot != y.slot ? x.slot < y.slot : x.token < y.token;
+  });
+  // "token t (request r, position p)": the last request starting at or before t
+  // is t's (requests with no tokens start where the next one does).
+  const auto describe = [&](std::int32_t t) {
+    const auto r = static_cast<std::int64_t>(std::upper_bound(qsl.begin(), qsl.begin() + static_cast<std::ptrdiff_t>(R), t) -
+                                             qsl.begin()) - 1;
+    const std::int64_t q_len = qsl[r + 1] - qsl[r];
+    std::ostringstream text;
+    text << "token " << t << " (request " << r << ", position " << b.seq_lens[r] - q_len + (t - qsl[r]) << ")";
+    return text.str();
+  };
+  for (std::size_t i = 1; i < writes.size(); ++i)
+    if (writes[i].slot == writes[i - 1].slot)
+      fail(describe(writes[i - 1].token), " and ", describe(writes[i].token), " both write cache slot ",
+           writes[i].slot, ": a cache slot may be written once per forward (do two requests share a block, or does ",
+           "a block_table row list a block twice?)");
+  for (std::size_t r = 0; r < R; ++r) {
+    const std::int64_t ctx_len = b.seq_lens[r] - (qsl[r + 1] - qsl[r]);
+    for (std::int64_t j = 0; j * b.block_size < ctx_len; ++j) {
+      const std::int64_t base = static_cast<std::int64_t>(plan_detail::block_id(b, static_cast<std::int64_t>(r), j)) *
+                                b.block_size;
+      const std::int64_t used = std::min<std::int64_t>(b.block_size, ctx_len - j * b.block_size);
+      const auto hit = std::lower_bound(writes.begin(), writes.end(), base,
+                                        [](const Write& w, std::int64_t slot) { return w.slot < slot; });
+      if (hit != writes.end() && hit->slot < base + used)
+        fail(describe(hit->token), " writes cache slot ", hit->slot, ", which holds position ",
+             j * b.block_size + (hit->slot - base), " of the cached prefix of request ", r, " (block_table[", r, "][",
+             j, "] = ", base / b.block_size, "): a forward must not overwrite cached context");
+    }
+  }
+}
+
 void check_batch(const BatchDesc& b) {
   check_scalars(b);
   check_query_start_loc(b);
   check_requests(b);
   check_slot_mapping(b);
+  check_slot_conflicts(b);
 }
 
 // The cost-model numbers of one request; the path is decided by route_requests.

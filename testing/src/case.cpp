@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -15,6 +16,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "common/checked_math.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/testing/safetensors.hpp"
 
@@ -75,20 +77,24 @@ void Case::check_shapes() const {
                 ", max_blocks " + str(max_blocks_per_request) + ", blocks " + str(num_cache_blocks) + ")");
   const std::int64_t T = num_tokens, H = num_heads, R = num_requests;
   const std::string t = str(T), h = str(H), r = str(R);
-  check_size("q", q.size(), T * H * kQkHeadDim, "[" + t + ", " + h + ", 192]");
-  check_size("kv_c", kv_c.size(), T * kLatentDim, "[" + t + ", 512]");
-  check_size("k_pe", k_pe.size(), T * kRopeDim, "[" + t + ", 64]");
-  check_size("w_kv_b", w_kv_b.size(), H * kKvBRowsPerHead * kLatentDim, "[" + str(H * 256) + ", 512]");
+  using checked::product;
+  check_size("q", q.size(), product({T, H, kQkHeadDim}, "case tensor 'q'"), "[" + t + ", " + h + ", 192]");
+  check_size("kv_c", kv_c.size(), product({T, kLatentDim}, "case tensor 'kv_c'"), "[" + t + ", 512]");
+  check_size("k_pe", k_pe.size(), product({T, kRopeDim}, "case tensor 'k_pe'"), "[" + t + ", 64]");
+  const std::int64_t w_rows = product({H, kKvBRowsPerHead}, "case tensor 'w_kv_b'");
+  check_size("w_kv_b", w_kv_b.size(), product({w_rows, kLatentDim}, "case tensor 'w_kv_b'"),
+             "[" + str(w_rows) + ", 512]");
   const int bpt = bytes_per_token(cache_format);
-  check_size("kv_cache", kv_cache.size(), num_cache_blocks * block_size * bpt,
+  check_size("kv_cache", kv_cache.size(), product({num_cache_blocks, block_size, bpt}, "case tensor 'kv_cache'"),
              "[" + str(num_cache_blocks) + ", " + str(block_size) + ", " + str(bpt) + "]");
-  check_size("block_table", block_table.size(), R * max_blocks_per_request,
+  check_size("block_table", block_table.size(), product({R, max_blocks_per_request}, "case tensor 'block_table'"),
              "[" + r + ", " + str(max_blocks_per_request) + "]");
   check_size("seq_lens", seq_lens.size(), R, "[" + r + "]");
-  check_size("query_start_loc", query_start_loc.size(), R + 1, "[" + str(R + 1) + "]");
+  check_size("query_start_loc", query_start_loc.size(), R + 1, "[" + str(R + 1) + "]");  // R < 2^31
   check_size("slot_mapping", slot_mapping.size(), T, "[" + t + "]");
   if (!topk_indices.empty())
-    check_size("topk_indices", topk_indices.size(), T * topk, "[" + t + ", " + str(topk) + "]");
+    check_size("topk_indices", topk_indices.size(), product({T, topk}, "case tensor 'topk_indices'"),
+               "[" + t + ", " + str(topk) + "]");
 }
 
 // ---------------------------------------------------------------- synthetic cases
@@ -170,6 +176,11 @@ Case make_synthetic_case(const SyntheticSpec& spec) {
   if (spec.num_heads <= 0) throw Error("synthetic case: num_heads must be positive, got " + str(spec.num_heads));
   if (!(spec.k_scale > 0) || !(spec.q_scale > 0) || !std::isfinite(spec.k_scale) || !std::isfinite(spec.q_scale))
     throw Error("synthetic case: k_scale and q_scale must be positive and finite");
+  try {
+    check_scales(static_cast<float>(default_softmax_scale()), spec.k_scale, spec.q_scale, CacheFormat::fp8);
+  } catch (const Error& e) {
+    throw Error(std::string("synthetic case: ") + e.what());
+  }
 
   Case c;
   c.num_heads = spec.num_heads;
@@ -313,7 +324,7 @@ const char* const kMetaPolicy = "policy";
 const char* const kMetaDecodeThreshold = "decode_threshold";
 
 std::string meta_error(const std::string& key, const std::string& value, const std::string& what) {
-  return "metadata '" + key + "': '" + value + "' " + what;
+  return "metadata '" + printable(key) + "': '" + printable(value) + "' " + what;
 }
 
 // Integer metadata value: the whole string must be a base-10 integer in [lo, hi].
@@ -332,8 +343,9 @@ int meta_int(const std::map<std::string, std::string>& meta, const std::string& 
   return v;
 }
 
-// Positive finite float metadata value.
-float meta_positive_float(const std::map<std::string, std::string>& meta, const std::string& key, float fallback) {
+// Float metadata value in [lo, hi] (positive, finite: the ranges of check_scales).
+float meta_positive_float(const std::map<std::string, std::string>& meta, const std::string& key, float fallback,
+                          double lo, double hi) {
   const auto it = meta.find(key);
   if (it == meta.end()) return fallback;
   const std::string& s = it->second;
@@ -343,6 +355,11 @@ float meta_positive_float(const std::map<std::string, std::string>& meta, const 
     throw Error(meta_error(key, s, "is not a number"));
   if (!std::isfinite(v) || !(v > 0) || !std::isfinite(static_cast<float>(v)) || static_cast<float>(v) <= 0)
     throw Error(meta_error(key, s, "must be a positive finite number"));
+  if (v < lo || v > hi) {
+    char range[64];
+    std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+    throw Error(meta_error(key, s, std::string("is outside the accepted range ") + range));
+  }
   return static_cast<float>(v);
 }
 
@@ -377,11 +394,24 @@ Case case_from_file(const io::File& f) {
   const std::int64_t any = -1;
 
   // Extents come from the tensors; every other tensor must agree with them.
+  // An extent beyond int32 is refused before any product of extents is formed
+  // (a tensor with a zero dimension may claim any other extent).
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  const auto check_extent = [](const char* tensor, int dim, std::int64_t extent, std::int64_t limit) {
+    if (extent > limit)
+      throw Error("case tensor '" + std::string(tensor) + "' has extent " + str(extent) + " in dimension " +
+                  str(dim) + ", more than " + str(limit));
+  };
   const io::Tensor& q = io::require(f, "q", DType::BF16, std::vector<std::int64_t>{any, any, kQkHeadDim});
   const std::int64_t T = q.shape[0], H = q.shape[1];
+  check_extent("q", 0, T, kIntMax);
+  check_extent("q", 1, H, kIntMax);
   const io::Tensor& kv_cache = io::require(f, "kv_cache", DType::U8, std::vector<std::int64_t>{any, any, any});
   const io::Tensor& block_table = io::require(f, "block_table", DType::I32, std::vector<std::int64_t>{any, any});
   const std::int64_t R = block_table.shape[0];
+  check_extent("block_table", 0, R, kIntMax - 1);
+  check_extent("block_table", 1, block_table.shape[1], kIntMax);
+  check_extent("kv_cache", 0, kv_cache.shape[0], kIntMax);
   const io::Tensor& kv_c = io::require(f, "kv_c", DType::BF16, std::vector<std::int64_t>{T, kLatentDim});
   const io::Tensor& k_pe = io::require(f, "k_pe", DType::BF16, std::vector<std::int64_t>{T, kRopeDim});
   const io::Tensor& w_kv_b =
@@ -391,9 +421,6 @@ Case case_from_file(const io::File& f) {
   const io::Tensor& slots = io::require(f, "slot_mapping", DType::I64, std::vector<std::int64_t>{T});
   const io::Tensor* topk = io::optional(f, "topk_indices", DType::I32, std::vector<std::int64_t>{T, any});
 
-  constexpr int kIntMax = std::numeric_limits<int>::max();
-  if (T > kIntMax || H > kIntMax || R > kIntMax - 1 || block_table.shape[1] > kIntMax)
-    throw Error("an extent of tensor 'q' or 'block_table' does not fit in int32");
 
   // Cache geometry: block_size from the tensor, cache_format from metadata or
   // (when absent) from the bytes per token, which differ between the formats.
@@ -432,9 +459,10 @@ Case case_from_file(const io::File& f) {
   if (topk && c.topk != topk->shape[1])
     throw Error(meta_error(kMetaTopk, meta.at(kMetaTopk),
                            "disagrees with tensor 'topk_indices' (" + str(topk->shape[1]) + " columns)"));
-  c.softmax_scale = meta_positive_float(meta, kMetaScale, static_cast<float>(default_softmax_scale()));
-  c.k_scale = meta_positive_float(meta, kMetaKScale, 1.0f);
-  c.q_scale = meta_positive_float(meta, kMetaQScale, 1.0f);
+  c.softmax_scale = meta_positive_float(meta, kMetaScale, static_cast<float>(default_softmax_scale()),
+                                       kMinSoftmaxScale, kMaxSoftmaxScale);
+  c.k_scale = meta_positive_float(meta, kMetaKScale, 1.0f, kMinQuantScale, kMaxQuantScale);
+  c.q_scale = meta_positive_float(meta, kMetaQScale, 1.0f, kMinQuantScale, kMaxQuantScale);
   if (const auto it = meta.find(kMetaPolicy); it != meta.end()) {
     try {
       c.policy = parse_routing_policy(it->second);
@@ -472,6 +500,15 @@ Case load_case(const std::string& path) {
     return case_from_file(f);
   } catch (const Error& e) {
     throw Error("case file '" + path + "': " + e.what());
+  }
+}
+
+Case load_case_from_memory(std::span<const std::uint8_t> bytes, const std::string& name_for_errors) {
+  const io::File f = io::parse_safetensors(bytes, name_for_errors);
+  try {
+    return case_from_file(f);
+  } catch (const Error& e) {
+    throw Error("case file '" + name_for_errors + "': " + e.what());
   }
 }
 

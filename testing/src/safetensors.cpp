@@ -6,7 +6,12 @@
 // the bytes actually present before anything is copied.
 #include "dsmla/testing/safetensors.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +32,9 @@ using nlohmann::json;
 // The same limit as the reference implementation: a header is metadata, not data.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::size_t kHeaderLengthBytes = 8;
+// A valid header nests 3 levels ({"name": {"shape": [..]}}); deeper nesting is
+// refused while parsing, so nothing later (messages, destruction) recurses deeply.
+constexpr int kMaxJsonDepth = 64;
 
 constexpr std::array<std::pair<DType, std::string_view>, 11> kDTypeNames{{
     {DType::BOOL, "BOOL"}, {DType::U8, "U8"},   {DType::I8, "I8"},   {DType::I16, "I16"},
@@ -87,6 +95,114 @@ std::optional<std::uint64_t> as_non_negative_integer(const json& value) {
   throw Error("safetensors '" + file_name + "': " + what);
 }
 
+// A short JSON rendering of `value` for messages: containers are cut after a
+// few hundred characters and long strings after 100 bytes, so a huge value
+// never becomes a huge message (printable() escapes and cuts the result).
+void append_excerpt(const json& value, std::string& out) {
+  constexpr std::size_t kBudget = 160;
+  const auto append_string = [&out](const std::string& text) {
+    out += '"';
+    out.append(text, 0, std::min<std::size_t>(text.size(), 100));
+    if (text.size() > 100) out += "...";
+    out += '"';
+  };
+  if (out.size() > kBudget) return;
+  switch (value.type()) {
+    case json::value_t::object:
+    case json::value_t::array: {
+      const bool is_object = value.is_object();
+      out += is_object ? '{' : '[';
+      bool first = true;
+      for (auto it = value.begin(); it != value.end(); ++it) {
+        if (!first) out += ',';
+        first = false;
+        if (out.size() > kBudget) {
+          out += "...";
+          break;
+        }
+        if (is_object) {
+          append_string(it.key());
+          out += ':';
+        }
+        append_excerpt(*it, out);
+      }
+      out += is_object ? '}' : ']';
+      return;
+    }
+    case json::value_t::string: append_string(value.get_ref<const std::string&>()); return;
+    default: out += value.dump(); return;  // number, boolean, null: short
+  }
+}
+
+std::string excerpt(const json& value) {
+  std::string text;
+  append_excerpt(value, text);
+  return printable(text);
+}
+
+// The header is exactly one JSON object padded with spaces: it starts with
+// '{', ends with '}' followed by nothing but spaces, holds no NUL byte (the
+// JSON parser would stop there), nests at most kMaxJsonDepth levels and has no
+// key twice in one object (which the parser would resolve silently).
+json parse_header(const std::uint8_t* begin, std::size_t size, const std::string& file_name) {
+  const auto fail = [&](const std::string& what) { fail_file(file_name, what); };
+  const auto text = [begin](std::size_t from, std::size_t to) {
+    return printable(std::string_view(reinterpret_cast<const char*>(begin) + from, to - from), 40);
+  };
+  if (size == 0 || begin[0] != '{')
+    fail("header does not start with '{' (starts with '" + text(0, std::min<std::size_t>(size, 12)) +
+         "'): a safetensors header is one JSON object padded with spaces");
+  std::size_t end = size;
+  while (end > 0 && begin[end - 1] == ' ') --end;
+  if (begin[end - 1] != '}')
+    fail("header does not end with '}' and space padding (ends with '" + text(end > 12 ? end - 12 : 0, end) +
+         "'): a safetensors header is one JSON object padded with spaces");
+  if (const void* nul = std::memchr(begin, 0, end); nul != nullptr)
+    fail("header holds a NUL byte at offset " +
+         std::to_string(static_cast<const std::uint8_t*>(nul) - begin) + " ('" +
+         text(static_cast<std::size_t>(static_cast<const std::uint8_t*>(nul) - begin),
+              std::min<std::size_t>(end, static_cast<std::size_t>(static_cast<const std::uint8_t*>(nul) - begin) + 12)) +
+         "'): a safetensors header is one JSON object padded with spaces");
+
+  std::vector<std::vector<std::string>> keys;  // keys seen in each open container (arrays: none)
+  std::string top_key;                         // the current top-level key
+  const auto where = [&]() -> std::string {
+    if (keys.size() <= 1) return "the header";
+    if (top_key == "__metadata__") return "__metadata__";
+    return "tensor '" + printable(top_key) + "'";
+  };
+  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth)
+          fail("header JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels in " + where());
+        keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        const std::string& key = parsed.get_ref<const std::string&>();
+        if (keys.size() == 1) top_key = key;
+        std::vector<std::string>& seen = keys.back();
+        if (std::find(seen.begin(), seen.end(), key) != seen.end())
+          fail("duplicate key '" + printable(key) + "' in " + where());
+        seen.push_back(key);
+        break;
+      }
+      case json::parse_event_t::value: break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(begin, begin + end, callback);
+  } catch (const json::exception& e) {
+    fail_file(file_name, std::string("header is not valid JSON: ") + printable(e.what(), 200));
+  }
+}
+
 // Validates the entries of a parsed header against the size of the data buffer.
 class HeaderParser {
  public:
@@ -103,24 +219,24 @@ class HeaderParser {
   };
 
   Entry parse_tensor(const std::string& name, const json& entry) const {
-    const std::string where = "tensor '" + name + "': ";
-    if (!entry.is_object()) fail(where + "entry is not a JSON object but " + entry.dump());
+    const std::string where = "tensor '" + printable(name) + "': ";
+    if (!entry.is_object()) fail(where + "entry is not a JSON object but " + excerpt(entry));
 
     Entry out{name, DType::U8, {}, 0, 0};
     const auto dtype_it = entry.find("dtype");
     if (dtype_it == entry.end()) fail(where + "missing \"dtype\"");
-    if (!dtype_it->is_string()) fail(where + "dtype is not a string but " + dtype_it->dump());
+    if (!dtype_it->is_string()) fail(where + "dtype is not a string but " + excerpt(*dtype_it));
     const auto dtype = parse_dtype(dtype_it->get<std::string>());
-    if (!dtype) fail(where + "unknown dtype " + dtype_it->dump());
+    if (!dtype) fail(where + "unknown dtype " + excerpt(*dtype_it));
     out.dtype = *dtype;
 
     const auto shape_it = entry.find("shape");
     if (shape_it == entry.end()) fail(where + "missing \"shape\"");
-    if (!shape_it->is_array()) fail(where + "shape is not a list but " + shape_it->dump());
+    if (!shape_it->is_array()) fail(where + "shape is not a list but " + excerpt(*shape_it));
     for (const json& dim : *shape_it) {
       const auto extent = as_non_negative_integer(dim);
       if (!extent || *extent > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-        fail(where + "shape " + shape_it->dump() + " is not a list of non-negative integers");
+        fail(where + "shape " + excerpt(*shape_it) + " is not a list of non-negative integers");
       }
       out.shape.push_back(static_cast<std::int64_t>(*extent));
     }
@@ -134,10 +250,10 @@ class HeaderParser {
       end = as_non_negative_integer(offsets[1]);
     }
     if (!begin || !end) {
-      fail(where + "data_offsets " + offsets.dump() + " is not [begin, end] of non-negative integers");
+      fail(where + "data_offsets " + excerpt(offsets) + " is not [begin, end] of non-negative integers");
     }
     if (*begin > *end || *end > buffer_size_) {
-      fail(where + "data_offsets " + offsets.dump() + " outside the data buffer of " +
+      fail(where + "data_offsets " + excerpt(offsets) + " outside the data buffer of " +
            std::to_string(buffer_size_) + " bytes (need begin <= end <= buffer size)");
     }
     out.begin = *begin;
@@ -148,7 +264,7 @@ class HeaderParser {
       fail(where + "shape " + format_shape(out.shape) + " has too many elements (64-bit overflow)");
     }
     if (*bytes != out.end - out.begin) {
-      fail(where + "data_offsets " + offsets.dump() + " span " + std::to_string(out.end - out.begin) +
+      fail(where + "data_offsets " + excerpt(offsets) + " span " + std::to_string(out.end - out.begin) +
            " bytes, but shape " + format_shape(out.shape) + " of " + std::string(to_string(out.dtype)) +
            " needs " + std::to_string(*bytes));
     }
@@ -156,11 +272,11 @@ class HeaderParser {
   }
 
   std::map<std::string, std::string> parse_metadata(const json& metadata) const {
-    if (!metadata.is_object()) fail("__metadata__ is not a JSON object but " + metadata.dump());
+    if (!metadata.is_object()) fail("__metadata__ is not a JSON object but " + excerpt(metadata));
     std::map<std::string, std::string> out;
     for (const auto& [key, value] : metadata.items()) {
       if (!value.is_string()) {
-        fail("__metadata__ value of '" + key + "' is not a string but " + value.dump());
+        fail("__metadata__ value of '" + printable(key) + "' is not a string but " + excerpt(value));
       }
       out.emplace(key, value.get<std::string>());
     }
@@ -176,8 +292,8 @@ class HeaderParser {
     for (const Entry& e : entries) {
       if (e.begin == e.end) continue;  // an empty tensor occupies no bytes
       if (previous != nullptr && e.begin < previous->end) {
-        fail("tensors '" + previous->name + "' [" + std::to_string(previous->begin) + ", " +
-             std::to_string(previous->end) + ") and '" + e.name + "' [" + std::to_string(e.begin) +
+        fail("tensors '" + printable(previous->name) + "' [" + std::to_string(previous->begin) + ", " +
+             std::to_string(previous->end) + ") and '" + printable(e.name) + "' [" + std::to_string(e.begin) +
              ", " + std::to_string(e.end) + ") overlap");
       }
       if (previous == nullptr || e.end > previous->end) previous = &e;
@@ -240,12 +356,7 @@ File parse_safetensors(std::span<const std::uint8_t> bytes, const std::string& n
   const std::uint8_t* header_begin = bytes.data() + kHeaderLengthBytes;
   const std::span<const std::uint8_t> buffer = bytes.subspan(kHeaderLengthBytes + header_size);
 
-  json header;
-  try {
-    header = json::parse(header_begin, header_begin + header_size);
-  } catch (const json::exception& e) {
-    fail(std::string("header is not valid JSON: ") + e.what());
-  }
+  const json header = parse_header(header_begin, header_size, name_for_errors);
   if (!header.is_object()) fail("header is a JSON " + std::string(header.type_name()) + ", not an object");
 
   const HeaderParser checker(name_for_errors, buffer.size());
@@ -329,11 +440,123 @@ std::vector<std::uint8_t> serialize_safetensors(const File& file) {
 
 void write_safetensors(const std::string& path, const File& file) {
   const std::vector<std::uint8_t> bytes = serialize_safetensors(file);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error("cannot create safetensors file '" + path + "'");
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw Error("error writing safetensors file '" + path + "'");
+  write_file_atomic(path, bytes);
+}
+
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// Where write_file_atomic puts the data: `path` itself for an existing
+// non-regular file, else a temporary file next to the file `path` names.
+struct WriteTarget {
+  std::filesystem::path final_path;  // symbolic links resolved
+  bool in_place = false;             // a device or pipe: written directly
+  mode_t mode = 0644;                // of the new file (an existing file's mode is kept)
+};
+
+WriteTarget write_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  WriteTarget t;
+  std::error_code ec;
+  t.final_path = fs::path(path);
+  if (fs::is_symlink(fs::symlink_status(t.final_path, ec))) {
+    const fs::path resolved = fs::weakly_canonical(t.final_path, ec);
+    if (!ec) t.final_path = resolved;
+  }
+  struct stat st {};
+  if (::stat(t.final_path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) t.in_place = true;
+    t.mode = st.st_mode & 07777;
+  }
+  return t;
+}
+
+std::string temp_template(const std::filesystem::path& final_path) {
+  const std::filesystem::path dir = final_path.has_parent_path() ? final_path.parent_path() : ".";
+  std::string name(1, '.');
+  name += final_path.filename().string();
+  name += ".tmp-XXXXXX";
+  return (dir / name).string();
+}
+
+// Writes all of `bytes` to fd; false with errno set on failure.
+bool write_all(int fd, std::span<const std::uint8_t> bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) {
+      errno = EIO;
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::span<const std::uint8_t> bytes) {
+  const WriteTarget target = write_target(path);
+  const auto fail = [&](const std::string& what, int err) {
+    throw WriteError("error writing '" + printable(path, 200) + "': " + what + ": " + errno_text(err));
+  };
+  if (target.in_place) {
+    const int fd = ::open(target.final_path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open", errno);
+    if (!write_all(fd, bytes)) {
+      const int err = errno;
+      ::close(fd);
+      fail("write failed", err);
+    }
+    if (::close(fd) != 0) fail("close failed", errno);
+    return;
+  }
+  std::string temp = temp_template(target.final_path);
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) fail("cannot create a temporary file in its directory", errno);
+  const auto abandon = [&](const std::string& what, int err) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    fail(what, err);
+  };
+  if (::fchmod(fd, target.mode) != 0) abandon("cannot set the file mode", errno);
+  if (!write_all(fd, bytes)) abandon("write failed", errno);
+  if (::fsync(fd) != 0 && errno != EINVAL && errno != EROFS) abandon("fsync failed", errno);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    fail("close failed", err);
+  }
+  if (::rename(temp.c_str(), target.final_path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    fail("cannot rename the temporary file onto it", err);
+  }
+}
+
+void check_writable(const std::string& path) {
+  const WriteTarget target = write_target(path);
+  const auto fail = [&](int err) {
+    throw Error("cannot write the output file '" + printable(path, 200) + "': " + errno_text(err));
+  };
+  if (target.in_place) {
+    const int fd = ::open(target.final_path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail(errno);
+    ::close(fd);
+    return;
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(target.final_path, ec)) fail(EISDIR);
+  std::string temp = temp_template(target.final_path);
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) fail(errno);
+  ::close(fd);
+  ::unlink(temp.c_str());
 }
 
 namespace {

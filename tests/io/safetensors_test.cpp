@@ -137,9 +137,9 @@ TEST(Safetensors, WriterOmitsEmptyMetadata) {
 
 TEST(Safetensors, ReadsHandBuiltFile) {
   // Written the way other writers may do it: unsorted keys, whitespace, a gap before the
-  // data of "y", trailing bytes, metadata last.
+  // data of "y", trailing bytes, metadata last (the header itself must start with '{').
   const std::string header =
-      R"( { "y": {"data_offsets": [6, 10], "shape": [1, 1], "dtype": "F32"},)"
+      R"({ "y": {"data_offsets": [6, 10], "shape": [1, 1], "dtype": "F32"},)"
       R"( "x": {"dtype": "I16", "shape": [2], "data_offsets": [0, 4]},)"
       R"( "__metadata__": {"note": "hi"} } )";
   const Bytes data = {0x01, 0x00, 0xff, 0xff, 0xaa, 0xbb, 0x00, 0x00, 0x80, 0x3f, 0xcc};
@@ -171,8 +171,10 @@ TEST(SafetensorsErrors, OversizedHeaderLength) {
 }
 
 TEST(SafetensorsErrors, InvalidJson) {
-  expect_parse_error(file_bytes(R"({"t": {"dtype": "U8",)"), {"not valid JSON"});
-  expect_parse_error(file_bytes("[1, 2]"), {"not an object"});
+  expect_parse_error(file_bytes(R"({"t": {"dtype": "U8",})"), {"not valid JSON"});
+  expect_parse_error(file_bytes(R"({"t": {"dtype": "U8",)"), {"does not end with '}'"});
+  expect_parse_error(file_bytes("[1, 2]"), {"does not start with '{'"});
+  expect_parse_error(file_bytes("{} {}"), {"not valid JSON"});
 }
 
 TEST(SafetensorsErrors, EntryNotAnObject) {

@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
+#include <cstdint>
+#include <span>
+
+#include "dsmla/testing/safetensors.hpp"
 
 namespace dsmla::tools::bench {
 
@@ -18,8 +21,6 @@ double median_of(std::vector<float> s) {
   const std::size_t n = s.size();
   return n % 2 ? s[n / 2] : 0.5 * (static_cast<double>(s[n / 2 - 1]) + s[n / 2]);
 }
-
-
 
 Row make_row(What what, const Work& w) {
   Row r;
@@ -232,11 +233,10 @@ void print_table(const Report& rep) {
   std::fflush(stdout);
 }
 
+// Atomic (a temporary file renamed into place): a failed run leaves no half-written report.
 void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) throw Error("cannot write '" + path + "'");
-  f << text;
-  if (!f) throw Error("error writing '" + path + "'");
+  io::write_file_atomic(path, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()),
+                                                            text.size()));
 }
 
 }  // namespace dsmla::tools::bench

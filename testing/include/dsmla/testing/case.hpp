@@ -3,6 +3,7 @@
 // and as tests, the demo and the benchmarks generate it synthetically.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,8 @@ void apply_named_batch(const std::string& name, SyntheticSpec& spec);
 
 // safetensors case files (docs/case-format.md). Throws Error naming the bad tensor / key.
 Case load_case(const std::string& path);
+// The same from the bytes of a case file (name_for_errors stands for its path).
+Case load_case_from_memory(std::span<const std::uint8_t> bytes, const std::string& name_for_errors);
 void save_case(const std::string& path, const Case& c);
 
 }  // namespace dsmla

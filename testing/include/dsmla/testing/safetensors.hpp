@@ -41,10 +41,30 @@ struct File {
   std::map<std::string, std::string> metadata;  // "__metadata__": string -> string
 };
 
+// Reads and validates a file. The header must be exactly one JSON object (at
+// most 64 levels deep, no key twice in an object) padded with spaces.
 File read_safetensors(const std::string& path);
 File parse_safetensors(std::span<const std::uint8_t> bytes, const std::string& name_for_errors);
+// Writes through write_file_atomic.
 void write_safetensors(const std::string& path, const File& file);
 std::vector<std::uint8_t> serialize_safetensors(const File& file);
+
+// A failure while writing an output file (full disk, I/O error): a runtime
+// failure rather than bad input (the CLI exits 1 for it, 2 for other Errors).
+class WriteError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Writes `bytes` to `path` without ever leaving a partial file under that
+// name: they go to a temporary file in the same directory, which is renamed
+// onto `path` once complete (and removed on failure). A symbolic link is
+// followed (the file it names is replaced); an existing non-regular file
+// (/dev/null, a pipe) is written in place. Throws WriteError.
+void write_file_atomic(const std::string& path, std::span<const std::uint8_t> bytes);
+// Checks, before any work, that write_file_atomic(path) can create its file:
+// throws Error (not WriteError) naming the path and the reason otherwise.
+void check_writable(const std::string& path);
 
 // Helpers for case files: fetch a tensor, checking dtype and shape
 // (-1 in `shape` matches any extent). Throw Error naming the tensor.
