@@ -48,12 +48,12 @@ if [ $full = 1 ]; then
   for t in build-gpu/tests/test_gpu_*; do
     [ -x "$t" ] && [ "${t%.cmake}" = "$t" ] || continue
     start=$SECONDS
-    timeout 300 "$t" --gtest_brief=1 >>"$out/tests_full.log" 2>&1 || { status=1; echo "FAILED: $t"; }
+    timeout 150 "$t" --gtest_brief=1 >>"$out/tests_full.log" 2>&1 || { status=1; echo "FAILED: $t"; }
     echo "---- $(basename "$t"): $((SECONDS - start)) s" | tee -a "$out/tests_full.log"
   done
   grep -E "tests ran|PASSED|FAILED" "$out/tests_full.log" | tail -12
   echo "== compute-sanitizer subset"
-  timeout 400 scripts/gpu-sanitize.sh build-gpu >"$out/sanitizer.log" 2>&1 || { status=1; echo "SANITIZER FAILED"; }
+  timeout 150 scripts/gpu-sanitize.sh build-gpu >"$out/sanitizer.log" 2>&1 || { status=1; echo "SANITIZER FAILED"; }
   grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY|gpu-sanitize" "$out/sanitizer.log" | tail -30
 fi
 exit $status
