@@ -74,13 +74,18 @@ __device__ __forceinline__ void copy_4(void* smem_dst, const void* gmem_src, boo
 }
 
 
-// Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads` threads.
+// Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads`
+// threads. bar.sync / bar.arrive are .aligned: every thread of a warp must
+// execute the same instruction together, so the warp is reconverged first
+// (after a branch such as `if (lane_group == 0) publish()` it need not be).
 __device__ __forceinline__ void named_sync(int threads, int id) {
+  __syncwarp();
   compiler_fence();
   cutlass::arch::NamedBarrier::sync(static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(id));
   compiler_fence();
 }
 __device__ __forceinline__ void named_arrive(int threads, int id) {
+  __syncwarp();
   compiler_fence();
   cutlass::arch::NamedBarrier::arrive(static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(id));
   compiler_fence();
