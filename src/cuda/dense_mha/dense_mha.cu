@@ -5,10 +5,10 @@
 #include "cuda/dense_mha/dense_mha.hpp"
 
 #include <cmath>
-#include <mutex>
+#include <cstdint>
 #include <string>
-#include <vector>
 
+#include "cuda/common/launch.hpp"
 #include "cuda/dense_mha/dense_mha_kernel.cuh"
 #include "dsmla/types.hpp"
 
@@ -19,26 +19,6 @@ void check_aligned(const void* ptr, std::size_t alignment, const char* name) {
   if (ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % alignment != 0)
     throw Error(std::string("launch_dense_mha: ") + name + " must be a non-null " + std::to_string(alignment) +
                 "-byte aligned pointer");
-}
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error(std::string("launch_dense_mha: ") + what + ": " + cudaGetErrorString(err));
-}
-
-// The shared-memory opt-in is a per-device attribute of the kernel: set it
-// once per device (not inside a captured stream's hot path on every call).
-void allow_large_smem() {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  static std::mutex mutex;
-  static std::vector<bool> done;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<std::size_t>(device) >= done.size()) done.resize(device + 1, false);
-  if (done[device]) return;
-  check_cuda(cudaFuncSetAttribute(dense_mha_detail::dense_mha_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  dense_mha_detail::kSmemBytes),
-             "cudaFuncSetAttribute");
-  done[device] = true;
 }
 
 }  // namespace
@@ -59,10 +39,11 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   check_aligned(p.requests, alignof(DenseMhaRequest), "requests");
   check_aligned(p.work, alignof(DenseMhaWorkItem), "work");
 
-  allow_large_smem();
+  opt_in_shared_memory(reinterpret_cast<const void*>(dense_mha_detail::dense_mha_kernel), dense_mha_detail::kSmemBytes,
+                       "dense MHA kernel");
   const dim3 grid(static_cast<unsigned>(p.num_work_items), static_cast<unsigned>(p.num_heads));
   dense_mha_detail::dense_mha_kernel<<<grid, dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p);
-  check_cuda(cudaGetLastError(), "kernel launch");
+  check_launch("dense MHA kernel");
 }
 
 }  // namespace dsmla::cuda

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/head_rows_kernel.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
 
@@ -10,20 +11,9 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
   using namespace head_rows;
-  // Set on every launch: the attribute belongs to the current device's context.
-  const cudaError_t opt_in =
-      cudaFuncSetAttribute(head_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (opt_in != cudaSuccess) {
-    throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
-                " bytes of shared memory per block (needs sm_90): " + cudaGetErrorString(opt_in));
-  }
+  opt_in_shared_memory(reinterpret_cast<const void*>(head_rows_kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: one CTA per multiprocessor (the smem plan allows no more).
-  int device = 0, sm_count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    throw Error("sparse MLA kernel: cannot query the current CUDA device");
-  }
+  const int sm_count = multiprocessor_count();
   const std::int64_t items =
       static_cast<std::int64_t>(args.p.num_tokens) * head_blocks(args.p.num_heads) * args.num_splits;
   if (items > INT32_MAX) throw Error("sparse MLA kernel: " + std::to_string(items) + " work items exceed 2^31");

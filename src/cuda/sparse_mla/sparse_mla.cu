@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "cuda/sparse_mla/sparse_mla_kernel.cuh"
 
@@ -20,23 +21,12 @@ using sparse_mla_detail::kValueDim;
 constexpr double kCtaOverheadTiles = 1.0;
 constexpr double kCombineCostTiles = 1.0;
 constexpr int kMaxSplits = 64;
-constexpr std::size_t kWorkspaceAlign = 256;
+constexpr std::size_t kWorkspaceAlign = kWorkspaceAlignment;
 
 struct SplitPlan {
   int num_splits = 1;
   int split_keys = 0;  // top-k positions per split, a multiple of kTileKeys
 };
-
-int multiprocessor_count() {
-  int device = 0;
-  int count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    throw Error("sparse MLA: cannot query the current CUDA device");
-  }
-  return count;
-}
 
 // Splits the top-k range only when the (token, head group) CTAs cannot fill
 // the GPU, choosing the split count that minimises waves x tiles per CTA with
@@ -61,11 +51,9 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int sm_count) {
   return best;
 }
 
-std::size_t align_up(std::size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
-
 // Workspace: part_lse [splits, tokens, heads] fp32, then part_o [splits, tokens, heads, 512] fp32.
 std::size_t part_lse_bytes(const SplitPlan& s, int num_tokens, int num_heads) {
-  return align_up(static_cast<std::size_t>(s.num_splits) * num_tokens * num_heads * sizeof(float));
+  return align_up(static_cast<std::size_t>(s.num_splits) * num_tokens * num_heads * sizeof(float), kWorkspaceAlign);
 }
 std::size_t workspace_bytes_for(const SplitPlan& s, int num_tokens, int num_heads) {
   if (s.num_splits <= 1) return 0;
@@ -172,16 +160,14 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
       break;
     case CacheFormat::fp8: sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8>(args, stream); break;
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw Error(std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(err));
+  check_launch("sparse MLA kernel");
 
   if (split.num_splits > 1) {
     const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
     sparse_mla_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(args.part_lse, args.part_o, split.num_splits,
                                                                     p.num_tokens, p.num_heads, p.o_lat, p.lse,
                                                                     p.lse_rows);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) throw Error(std::string("sparse MLA combine launch failed: ") + cudaGetErrorString(err));
+    check_launch("sparse MLA combine kernel");
   }
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/sparse_mla/heads_as_rows_kernel.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
 #include "cuda/sparse_mla/keys_as_rows_kernel.cuh"
+#include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "cuda/sparse_mla/tile_layout.cuh"
 #include "dsmla/format.hpp"
@@ -17,11 +18,7 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 template <class Kernel>
 void launch_with_smem(Kernel kernel, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) {
-    throw Error("sparse MLA kernel: cannot get " + std::to_string(kSmemBytes) +
-                " bytes of shared memory per block (needs sm_90): " + cudaGetErrorString(err));
-  }
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA tile kernel");
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
 }
 
