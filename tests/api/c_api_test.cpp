@@ -12,6 +12,7 @@
 #include "dsmla/attention.hpp"
 #include "dsmla/testing/case.hpp"
 #include "dsmla/dsmla.h"
+#include "api/c_api_case.hpp"
 #include "dsmla/version.h"
 
 namespace dsmla::test {
@@ -30,31 +31,6 @@ Case mixed_case() {
   s.padding_tokens = 2;
   s.seed = 11;
   return make_synthetic_case(s);
-}
-
-dsmla_options options_of(const Case& c) {
-  dsmla_options o;
-  dsmla_default_options(&o);
-  o.num_heads = c.num_heads;
-  o.cache_format = static_cast<int32_t>(c.cache_format);
-  o.topk = c.topk;
-  o.decode_threshold = c.decode_threshold;
-  o.policy = static_cast<int32_t>(c.policy);
-  return o;
-}
-
-dsmla_batch batch_of(const Case& c) {
-  dsmla_batch b{};
-  b.query_start_loc = c.query_start_loc.data();
-  b.seq_lens = c.seq_lens.data();
-  b.block_table = c.block_table.data();
-  b.slot_mapping = c.slot_mapping.data();
-  b.num_requests = c.num_requests;
-  b.max_blocks_per_request = c.max_blocks_per_request;
-  b.num_tokens = c.num_tokens;
-  b.num_cache_blocks = c.num_cache_blocks;
-  b.block_size = c.block_size;
-  return b;
 }
 
 // Host buffers of one C API run over a copy of the case's cache.

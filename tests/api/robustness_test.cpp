@@ -9,25 +9,17 @@
 #include <vector>
 
 #include "../cli/scratch_dir.hpp"
+#include "api/c_api_case.hpp"
 #include "dsmla/attention.hpp"
 #include "dsmla/dsmla.h"
 #include "dsmla/testing/batch.hpp"
 #include "dsmla/testing/case.hpp"
 #include "dsmla/testing/safetensors.hpp"
+#include "support/test_support.hpp"
 
 namespace dsmla::test {
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no dsmla::Error thrown";
-  return {};
-}
 
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << "missing '" << (part) << "' in: " << (text)
 
@@ -62,22 +54,10 @@ TEST(Robustness, CppApiRejectsASlotWrittenTwice) {
 TEST(Robustness, CApiRejectsASlotWrittenTwice) {
   Case c = two_request_case();
   share_written_block(c);
-  dsmla_options o;
-  dsmla_default_options(&o);
-  o.num_heads = c.num_heads;
-  o.topk = c.topk;
+  const dsmla_options o = options_of(c);
   dsmla_attention* h = nullptr;
   ASSERT_EQ(dsmla_create(DSMLA_BACKEND_CPU, &o, &h), DSMLA_OK) << dsmla_last_error();
-  dsmla_batch b{};
-  b.query_start_loc = c.query_start_loc.data();
-  b.seq_lens = c.seq_lens.data();
-  b.block_table = c.block_table.data();
-  b.slot_mapping = c.slot_mapping.data();
-  b.num_requests = c.num_requests;
-  b.max_blocks_per_request = c.max_blocks_per_request;
-  b.num_tokens = c.num_tokens;
-  b.num_cache_blocks = c.num_cache_blocks;
-  b.block_size = c.block_size;
+  const dsmla_batch b = batch_of(c);
   EXPECT_EQ(dsmla_plan(h, &b, nullptr), DSMLA_ERR_INVALID_ARGUMENT);
   const std::string e = dsmla_last_error();
   EXPECT_HAS(e, "dsmla_plan");

@@ -56,11 +56,7 @@ struct RawFile {
 class CliRobustness : public ::testing::Test {
  protected:
   void SetUp() override {
-    SyntheticSpec spec;
-    apply_named_batch("mixed_small", spec);
-    spec.block_size = 16;
-    spec.topk = 64;
-    case_ = make_synthetic_case(spec);
+    case_ = small_mixed_case();
     save_case(file("good.safetensors"), case_);
   }
 

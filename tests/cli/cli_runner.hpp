@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dsmla/testing/case.hpp"
 #include "scratch_dir.hpp"
 
 namespace dsmla::test {
@@ -20,5 +21,15 @@ struct CliResult {
 
 // Runs DSMLA_CLI_PATH with `args`; output goes through files in `scratch`.
 CliResult run_cli(const std::vector<std::string>& args, const std::filesystem::path& scratch);
+
+// The valid small case the bad-input tests damage: the named batch
+// "mixed_small" (decodes and a sparse prefill), block size 16, topk 64.
+inline Case small_mixed_case() {
+  SyntheticSpec spec;
+  apply_named_batch("mixed_small", spec);
+  spec.block_size = 16;
+  spec.topk = 64;
+  return make_synthetic_case(spec);
+}
 
 }  // namespace dsmla::test

@@ -244,11 +244,7 @@ TEST_F(CliTest, DemoRunsOnTheCpu) {
 class CliBadCase : public CliTest {
  protected:
   void SetUp() override {
-    SyntheticSpec spec;
-    apply_named_batch("mixed_small", spec);
-    spec.block_size = 16;
-    spec.topk = 64;
-    case_ = make_synthetic_case(spec);
+    case_ = small_mixed_case();
     save_case(file("good.safetensors"), case_);
     file_ = io::read_safetensors(file("good.safetensors"));
   }

@@ -55,16 +55,9 @@ inline PlanOptions options(int topk = 2048, RoutingPolicy policy = RoutingPolicy
   return o;
 }
 
-// The message of the dsmla::Error `f` throws; a test failure if it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a dsmla::Error";
-  return {};
+// The planner's error message for b (a test failure if it plans).
+inline std::string plan_error(const TestBatch& b, const PlanOptions& o = options()) {
+  return error_of([&] { make_plan(b.desc(), o); });
 }
 
 inline void expect_contains(const std::string& text, std::initializer_list<std::string> parts) {

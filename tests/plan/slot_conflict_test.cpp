@@ -15,11 +15,8 @@ namespace {
 using test::expect_contains;
 using test::make_test_batch;
 using test::options;
+using test::plan_error;
 using test::TestBatch;
-
-std::string plan_error(const TestBatch& b, const PlanOptions& o = options()) {
-  return test::error_of([&] { make_plan(b.desc(), o); });
-}
 
 // slot_mapping of every request token recomputed from the (edited) block table,
 // so that only the conflict itself is wrong.

@@ -16,11 +16,8 @@ namespace {
 using test::expect_contains;
 using test::make_test_batch;
 using test::options;
+using test::plan_error;
 using test::TestBatch;
-
-std::string plan_error(const TestBatch& b, const PlanOptions& o = options()) {
-  return test::error_of([&] { make_plan(b.desc(), o); });
-}
 
 std::string options_error(void (*change)(PlanOptions&)) {
   PlanOptions o = options();

@@ -3,6 +3,8 @@
 // on a Case and a check against the naive reference. Outputs are compared with
 // dsmla::compare_outputs (dsmla/testing/compare.hpp), the policy the CLI uses too.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +25,18 @@
   if (!::dsmla::cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped"
 
 namespace dsmla::test {
+
+// The message of the dsmla::Error `f` throws; a test failure if it throws none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a dsmla::Error";
+  return {};
+}
 
 // True when DSMLA_TEST_SCALE=small (the sanitizer CI run): big tests shrink.
 bool small_scale();
