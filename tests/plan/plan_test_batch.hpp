@@ -12,6 +12,7 @@
 
 #include "dsmla/plan.hpp"
 #include "dsmla/testing/batch.hpp"
+#include "support/test_support.hpp"
 
 namespace dsmla::test {
 
