@@ -1,0 +1,336 @@
+// The consumer warpgroups of the heads-as-rows kernel: S = Q K^T, the shared
+// online softmax, O += P V and the epilogue.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/sparse_mla/head_rows_work.cuh"
+
+namespace dsmla::cuda::sparse_mla_detail::head_rows {
+
+template <int kWg>
+struct Consumer {
+  static constexpr int kOther = 1 - kWg;
+  static constexpr int kFirst = kWg == 0 ? kLo : kHi;  // half of its buffer S reads first
+  static constexpr int kSecond = 1 - kFirst;
+
+  WorkItem item;  // the item being processed
+  const Barriers& bars;
+  std::uint8_t* smem;
+  std::uint32_t s_base;  // shared-window address of smem
+  int tid, warp, g, tq;
+
+  float o[128];       // O[rows][256 kWg + col], wgmma accumulator order
+  float s[32];        // S, then P, of this round's own block
+  float m_run[2];     // running max (log2 domain) of rows r0, r0 + 8
+  float l_part[2];    // this thread's part of the row sums
+
+  __device__ Consumer(const Barriers& b, std::uint8_t* sm) : bars(b), smem(sm), s_base(pl::smem_addr(sm)) {
+    tid = threadIdx.x & 127;
+    warp = tid >> 5;
+    g = (tid & 31) >> 2;
+    tq = tid & 3;
+  }
+  __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }
+
+  // Whether buffer 1 holds a block in round r of the item: with an odd block
+  // count the last round has none (the producer zero-fills it, its flags are
+  // all invalid), and the products that read it are skipped.
+  __device__ bool second_block(int r) const { return 2 * r + 1 < item.blocks; }
+
+  // Issues the S k-steps of one half of the own buffer (after it has landed);
+  // none when the buffer holds no block (S is then fully masked).
+  __device__ __forceinline__ void issue_s_half(int round, int half, bool live) {
+    pl::wait(bars.full(kWg, half), round & 1);
+    if (!live) return;
+    mma::fence();
+    const std::uint32_t q = s_base + kSmemQ;
+    const std::uint32_t k = s_base + kSmemK + kWg * kTileBytes;
+    const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
+    const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
+#pragma unroll
+    for (int ks = ks0; ks < ks1; ++ks) {
+      const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
+      mma::mma_ss<mma::SS_64x64_KK>(mma::desc_k_major(q + off), mma::desc_k_major(k + off), s,
+                                    !(half == kFirst && ks == ks0));
+    }
+  }
+
+  // Bit 2 nt + e: key 8 nt + 2 tq + e of the own buffer is valid (flags of the producer).
+  __device__ __forceinline__ std::uint32_t valid_keys(int round) const {
+    pl::wait(bars.valid(kWg), round & 1);
+    const std::uint8_t* flags = smem + kSmemValid + kWg * kBlockKeys + 2 * tq;
+    std::uint32_t mask = 0;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const std::uint16_t two = *reinterpret_cast<const std::uint16_t*>(flags + 8 * nt);
+      mask |= static_cast<std::uint32_t>((two & 0xff) | ((two >> 7) & 2)) << (2 * nt);
+    }
+    return mask;
+  }
+
+  // Masks and scales S into the log2 domain; returns this thread's row maxima.
+  __device__ __forceinline__ void mask_scale(std::uint32_t valid, float scale_log2, float (&mx)[2]) {
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = (valid >> (2 * nt + (e & 1))) & 1u;
+        const float v = ok ? s[4 * nt + e] * scale_log2 : -INFINITY;
+        s[4 * nt + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    mx[0] = sm::quad_max(mx[0]);
+    mx[1] = sm::quad_max(mx[1]);
+  }
+
+  // P = exp2(S - m_new), O and the row sums rescaled from m_run to m_new.
+  // O rows r0, r0 + 8 times f0, f1. Once a row's maximum has settled the
+  // factors are 1 across the warp, and the 128 multiplies are skipped.
+  __device__ __forceinline__ void rescale_o(float f0, float f1) {
+    if (__all_sync(0xffffffffu, f0 == 1.f && f1 == 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= f0;
+      o[4 * j + 1] *= f0;
+      o[4 * j + 2] *= f1;
+      o[4 * j + 3] *= f1;
+    }
+  }
+
+  __device__ __forceinline__ void softmax_to(const float (&m_new)[2]) {
+    float alpha[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) alpha[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_new[hi]));
+    rescale_o(alpha[0], alpha[1]);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float sub = sm::subtrahend(m_new[hi]);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = sm::exp2_approx(s[4 * nt + 2 * hi + e] - sub);
+          s[4 * nt + 2 * hi + e] = pv;
+          sum += pv;
+        }
+      l_part[hi] = l_part[hi] * alpha[hi] + sum;
+      m_run[hi] = m_new[hi];
+    }
+  }
+
+  // P * factor as bf16 into a [64][64] swizzled block at smem offset `dst`.
+  __device__ __forceinline__ void store_p(int dst, float factor0, float factor1) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = row(hi);
+      const float f = hi ? factor1 : factor0;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const std::uint32_t v = sm::pack_bf16x2(s[4 * nt + 2 * hi] * f, s[4 * nt + 2 * hi + 1] * f);
+        *reinterpret_cast<std::uint32_t*>(smem + dst + tile_offset(r, nt) + 4 * tq) = v;
+      }
+    }
+    pl::fence_smem_for_mma();
+  }
+
+  // O += P V over the value columns of this warpgroup in buffer `b`.
+  __device__ __forceinline__ void issue_pv_registers(const std::uint32_t (&a)[4][4], int b) {
+    const std::uint32_t v = s_base + kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      mma::mma_rs<mma::RS_64x256_KMN>(a[ks], mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes), o);
+  }
+  __device__ __forceinline__ void issue_pv_smem(int p_offset, int b) {
+    const std::uint32_t v = s_base + kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes;
+    const std::uint32_t pa = s_base + p_offset;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      mma::mma_ss<mma::SS_64x256_KMN>(mma::desc_k_major(pa + ks * 32), mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes),
+                                      o);
+  }
+
+  // All items of this CTA; `round` and `q_uses` count on across items for the barrier phases.
+  __device__ __forceinline__ void run(const KernelArgs& args) {
+    int round = 0, q_uses = 0, items_done = 0;
+    const int items = num_items(args);
+    int count = WorkItem::load_count(args, blockIdx.x, items);
+    for (int i = blockIdx.x; i < items; i += gridDim.x, ++items_done) {
+      item = WorkItem(args, i, count);
+      count = WorkItem::load_count(args, i + gridDim.x, items);  // lands while this item runs
+      process(round, q_uses);
+      epilogue(items_done & 1);
+    }
+  }
+
+  // S = Q K_own^T for round r of the item: each half as soon as it has landed.
+  // Called with nothing in flight; returns with S done.
+  __device__ __forceinline__ void compute_s(int round, bool live) {
+    issue_s_half(round, kFirst, live);
+    issue_s_half(round, kSecond, live);
+    mma::commit();
+    mma::wait<0>();
+    mma::fence_operands(s);
+  }
+
+  __device__ __forceinline__ void process(int& round, int& q_uses) {
+    const SparseMlaParams& p = *item.p;
+    const float scale_log2 = p.softmax_scale * sm::kLog2e;
+    float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2][64]
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_part[0] = l_part[1] = 0.f;
+    const int rounds = item.rounds;
+    if (rounds == 0) return;
+    pl::wait(bars.q_full(), q_uses & 1);
+    ++q_uses;
+    compute_s(round, kWg == 0 || second_block(0));
+
+    for (int r = 0; r < rounds; ++r, ++round) {
+      const bool more = r + 1 < rounds;
+      const bool own_live = kWg == 0 || second_block(r);
+      // S of round r is done: its last read of one half of the own buffer, and
+      // after the item's last round, of the query.
+      if constexpr (kWg == 0) pl::arrive(bars.empty(0, kHi));
+      else pl::arrive(bars.empty(1, kLo));
+      if (!more) pl::arrive(bars.q_empty());
+
+      // ---- one running max for both warpgroups
+      float mx[2], m_new[2];
+      mask_scale(valid_keys(round), scale_log2, mx);
+      if constexpr (kWg == 0) {
+        m_new[0] = fmaxf(m_run[0], mx[0]);
+        m_new[1] = fmaxf(m_run[1], mx[1]);
+        if (tq == 0) {
+          max_pub[row(0)] = m_new[0];
+          max_pub[row(1)] = m_new[1];
+        }
+        pl::named_arrive(kConsumerThreads, kMax0Ready);
+      } else {
+        pl::named_sync(kConsumerThreads, kMax0Ready);
+        m_new[0] = fmaxf(max_pub[row(0)], mx[0]);
+        m_new[1] = fmaxf(max_pub[row(1)], mx[1]);
+        if (tq == 0) {
+          max_pub[kRows + row(0)] = m_new[0];
+          max_pub[kRows + row(1)] = m_new[1];
+        }
+        pl::named_arrive(kConsumerThreads, kMax1Ready);
+      }
+      softmax_to(m_new);
+
+      // ---- O += P_own V_own (registers), share P_own, O += P_other V_other (smem)
+      std::uint32_t a[4][4];
+      mma::a_fragments_from_accumulator(s, a);
+      mma::fence_operands(o);
+      if (own_live) {  // else P = 0
+        mma::fence();
+        issue_pv_registers(a, kWg);
+      }
+      mma::commit();
+      if constexpr (kWg == 0) {
+        pl::named_sync(kConsumerThreads, kMax1Ready);
+        float factor[2], m_final[2];
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          m_final[hi] = max_pub[kRows + row(hi)];
+          factor[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_final[hi]));
+        }
+        store_p(kSmemP0, factor[0], factor[1]);
+        pl::named_arrive(kConsumerThreads, kP0Ready);
+        mma::wait<0>();
+        mma::fence_operands(o);
+        pl::arrive(bars.empty(0, kLo));
+        rescale_o(factor[0], factor[1]);
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          l_part[hi] *= factor[hi];
+          m_run[hi] = m_final[hi];
+        }
+        pl::named_sync(kConsumerThreads, kP1Ready);
+        if (second_block(r)) {
+          mma::fence();
+          issue_pv_smem(kSmemP1, 1);
+        }
+        mma::commit();
+      } else {
+        store_p(kSmemP1, 1.f, 1.f);
+        pl::named_arrive(kConsumerThreads, kP1Ready);
+        pl::named_sync(kConsumerThreads, kP0Ready);
+        mma::fence();
+        issue_pv_smem(kSmemP0, 0);
+        mma::commit();
+        mma::wait<1>();
+        pl::arrive(bars.empty(1, kHi));  // P_1 V_1 done: its last read of buffer 1 hi
+      }
+
+      // ---- the next S overlaps P_other V_other; the first half it reads is
+      // refilled without waiting for that product (see the producer's order).
+      const int other_half = kWg == 0 ? kLo : kHi;  // of the other buffer, read by P_other V_other
+      if (more) {
+        const bool next_live = kWg == 0 || second_block(r + 1);
+        issue_s_half(round + 1, kFirst, next_live);
+        mma::commit();
+        mma::wait<1>();
+        pl::arrive(bars.empty(kOther, other_half));
+        issue_s_half(round + 1, kSecond, next_live);
+        mma::commit();
+        mma::wait<0>();
+        mma::fence_operands(s);
+      } else {
+        mma::wait<0>();
+        pl::arrive(bars.empty(kOther, other_half));
+      }
+      mma::fence_operands(o);
+    }
+  }
+
+  // Normalises and stores this warpgroup's columns of the item. The row sums
+  // of both warpgroups meet in smem, double-buffered by item parity.
+  __device__ __forceinline__ void epilogue(int parity) {
+    const WorkItem& w = item;
+    const SparseMlaParams& p = *w.p;
+    float* sums = reinterpret_cast<float*>(smem + kSmemSum) + parity * 2 * kRows;  // [2][64]
+    float l_wg[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      l_wg[hi] = sm::quad_sum(l_part[hi]);
+      if (tq == 0) sums[kWg * kRows + row(hi)] = l_wg[hi];
+    }
+    pl::named_sync(kConsumerThreads, kSumsReady);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = row(hi);
+      if (r >= w.heads) continue;
+      const float l = sums[r] + sums[kRows + r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * sm::kLn2 : -INFINITY;
+      const int head = w.head0 + r;
+      const int col0 = 256 * kWg + 2 * tq;
+      if (w.args->num_splits > 1) {  // fp32 partial results for the combine kernel
+        const std::int64_t out_row =
+            (static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + head;
+        float* dst = w.args->part_o + out_row * 512 + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
+        if (kWg == 0 && tq == 0) w.args->part_lse[out_row] = lse;
+      } else {
+        const std::int64_t out_row = static_cast<std::int64_t>(w.token) * p.num_heads + head;
+        __nv_bfloat16* dst = p.o_lat + out_row * 512 + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<std::uint32_t*>(dst + 8 * j) =
+              sm::pack_bf16x2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
+        if (kWg == 0 && tq == 0 && p.lse != nullptr) {
+          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
+          p.lse[lse_row * p.num_heads + head] = lse;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace dsmla::cuda::sparse_mla_detail::head_rows

@@ -1,0 +1,103 @@
+// The producer warpgroup of the heads-as-rows kernel: query and key gathers.
+#pragma once
+#include <cstdint>
+
+#include "cuda/sparse_mla/head_rows_work.cuh"
+
+namespace dsmla::cuda::sparse_mla_detail::head_rows {
+
+// 128 threads; thread t copies chunk t % 8 of every 64-dim block of rows
+// t / 8 + 16 i (i < 4): eight threads read one row's 128 contiguous bytes.
+// It runs ahead of the consumers across items: the query of the next item
+// loads as soon as the last S of the current one is done.
+__device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
+  const int t = threadIdx.x - kConsumerThreads;
+  const int group = t >> 3;
+  const int c8 = t & 7;
+  const SparseMlaParams& p = args.p;
+  int round = 0;   // rounds so far, over all items of this CTA
+  int q_loads = 0;  // queries loaded so far
+
+  const int items = num_items(args);
+  // Items without keys need no loads: skip them, and look one item ahead so
+  // that its valid count and first slots are loaded while this one runs.
+  auto next_busy = [&](int from, int& count) {
+    for (; from < items; from += gridDim.x) {
+      count = WorkItem::load_count(args, from, items);
+      if (WorkItem(args, from, count).rounds > 0) break;
+    }
+    return from;
+  };
+  std::int32_t slots[2][4];
+  int count = 0;
+  int item = next_busy(blockIdx.x, count);
+  WorkItem w(args, item, count);
+  if (item < items) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) slots[b][i] = w.raw_slot(b, group + 16 * i);
+  }
+  while (item < items) {
+    pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
+    const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = group + 16 * i;
+      const bool ok = row < w.heads;
+#pragma unroll
+      for (int d = 0; d < kDimBlocks; ++d)
+        pl::copy_16(smem + kSmemQ + tile_offset(row, 8 * d + c8),
+                    q_cta + (ok ? row * kKeyDim + 64 * d + 8 * c8 : 0), ok);
+    }
+    pl::arrive_on_copies(bars.q_full());
+    ++q_loads;
+
+    auto gather = [&](int b, int half) {
+      pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+      std::uint8_t* buf = smem + kSmemK + b * kTileBytes;
+      const int d0 = half == kLo ? 0 : kLoBlocks;
+      const int d1 = half == kLo ? kLoBlocks : kDimBlocks;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = group + 16 * i;
+        const std::int32_t s = w.checked(slots[b][i]);
+        const std::uint8_t* src = p.kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
+#pragma unroll
+        for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
+      }
+      pl::arrive_on_copies(bars.full(b, half));
+      // With the first half of a buffer, its keys' valid flags (the consumers
+      // read them after S, before releasing that half).
+      if (half == (b == 0 ? kLo : kHi) && c8 == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) smem[kSmemValid + b * kBlockKeys + group + 16 * i] = w.checked(slots[b][i]) >= 0;
+        pl::arrive(bars.valid(b));
+      }
+    };
+
+    int count_ahead = 0, item_ahead = items;
+    for (int r = 0; r < w.rounds; ++r, ++round) {
+      // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
+      gather(0, kLo);
+      gather(1, kHi);
+      gather(0, kHi);
+      gather(1, kLo);
+      // Slots of the next round, or of the next item's first round: issued
+      // now, used after the consumers release a buffer.
+      const bool more = r + 1 < w.rounds;
+      if (!more) item_ahead = next_busy(item + gridDim.x, count_ahead);
+      const WorkItem& w_next = more ? w : WorkItem(args, item_ahead, count_ahead);
+      const int block_next = more ? 2 * (r + 1) : 0;
+      const bool any_next = more || item_ahead < items;
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) slots[b][i] = any_next ? w_next.raw_slot(block_next + b, group + 16 * i) : -1;
+    }
+    item = item_ahead;
+    w = WorkItem(args, item, count_ahead);
+  }
+}
+
+}  // namespace dsmla::cuda::sparse_mla_detail::head_rows
