@@ -21,7 +21,6 @@ using sparse_mla_detail::kValueDim;
 constexpr double kCtaOverheadTiles = 1.0;
 constexpr double kCombineCostTiles = 1.0;
 constexpr int kMaxSplits = 64;
-constexpr std::size_t kWorkspaceAlign = kWorkspaceAlignment;
 
 struct SplitPlan {
   int num_splits = 1;
@@ -53,7 +52,7 @@ SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int sm_count) {
 
 // Workspace: part_lse [splits, tokens, heads] fp32, then part_o [splits, tokens, heads, 512] fp32.
 std::size_t part_lse_bytes(const SplitPlan& s, int num_tokens, int num_heads) {
-  return align_up(static_cast<std::size_t>(s.num_splits) * num_tokens * num_heads * sizeof(float), kWorkspaceAlign);
+  return align_up(static_cast<std::size_t>(s.num_splits) * num_tokens * num_heads * sizeof(float));
 }
 std::size_t workspace_bytes_for(const SplitPlan& s, int num_tokens, int num_heads) {
   if (s.num_splits <= 1) return 0;
@@ -143,7 +142,7 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   args.split_keys = split.split_keys;
   args.num_splits = split.num_splits;
   if (split.num_splits > 1) {
-    if (p.workspace == nullptr || reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlign != 0) {
+    if (p.workspace == nullptr || reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlignment != 0) {
       throw Error("sparse MLA: " + std::to_string(split.num_splits) +
                   "-way split needs a 256-byte aligned workspace of " +
                   std::to_string(workspace_bytes_for(split, p.num_tokens, p.num_heads)) + " bytes");
