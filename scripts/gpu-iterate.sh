@@ -6,13 +6,14 @@
 #   env.txt (date, commit, GPU, ptxas summary, wgmma/barrier counts of the SASS),
 #   build.log, tests.log, harness.log, anchors.json, ratios.md (the harness
 #   against the anchors of this call, bench/kernel_ratios.py).
-# With --full, afterwards every GPU test and the compute-sanitizer subset
-# (tests_full.log, sanitizer.log).
-# Usage: scripts/gpu-iterate.sh [--full] [GTEST_FILTER] [HARNESS_ARGS...]
+# With --sanitize, afterwards the compute-sanitizer subset (sanitizer.log); with
+# --full, every GPU test (tests_full.log) and the sanitizer subset.
+# Usage: scripts/gpu-iterate.sh [--full|--sanitize] [GTEST_FILTER] [HARNESS_ARGS...]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 out=${OUT:-$root/out}; mkdir -p "$out"
-full=0; [ "${1:-}" = --full ] && { full=1; shift; }
+full=0; sanitize=0
+case ${1:-} in --full) full=1; sanitize=1; shift ;; --sanitize) sanitize=1; shift ;; esac
 filter=${1:-'*Sparse*'}; shift || true
 { date -u; echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' + local changes')"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1; } >"$out/env.txt" 2>&1
@@ -48,10 +49,12 @@ if [ $full = 1 ]; then
   for t in build-gpu/tests/test_gpu_*; do
     [ -x "$t" ] && [ "${t%.cmake}" = "$t" ] || continue
     start=$SECONDS
-    timeout 150 "$t" --gtest_brief=1 >>"$out/tests_full.log" 2>&1 || { status=1; echo "FAILED: $t"; }
+    timeout 300 "$t" --gtest_brief=1 >>"$out/tests_full.log" 2>&1 || { status=1; echo "FAILED: $t"; }
     echo "---- $(basename "$t"): $((SECONDS - start)) s" | tee -a "$out/tests_full.log"
   done
   grep -E "tests ran|PASSED|FAILED" "$out/tests_full.log" | tail -12
+fi
+if [ $sanitize = 1 ]; then
   echo "== compute-sanitizer subset"
   timeout 150 scripts/gpu-sanitize.sh build-gpu >"$out/sanitizer.log" 2>&1 || { status=1; echo "SANITIZER FAILED"; }
   grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY|gpu-sanitize" "$out/sanitizer.log" | tail -30

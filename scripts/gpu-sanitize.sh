@@ -20,8 +20,11 @@ run() {
   local tool=$1 binary=$tests/$2 filter=$3
   if [ ! -x "$binary" ]; then echo "gpu-sanitize: $binary missing"; status=1; return; fi
   echo "== $tool: $2 --gtest_filter=$filter"
+  local extra=()
+  # Every racecheck hazard with its kind (RAW / WAR / WAW) and both accesses, not only the summary.
+  [ "$tool" = racecheck ] && extra=(--racecheck-report all)
   # The CPU reference runs single-threaded here: the sanitizer serialises the process anyway.
-  DSMLA_TEST_SCALE=small "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+  DSMLA_TEST_SCALE=small "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 ${extra[@]+"${extra[@]}"} \
     "$binary" --gtest_filter="$filter" --gtest_brief=1
   local rc=$?
   if [ $rc -ne 0 ]; then echo "gpu-sanitize: $tool on $2 failed (exit $rc)"; status=1; fi
