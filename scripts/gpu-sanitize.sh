@@ -36,10 +36,10 @@ run memcheck test_gpu_backend "$small:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuC
 run racecheck test_gpu_backend "$small"
 run synccheck test_gpu_backend "$small"
 run racecheck test_gpu_cuda '*ConvertTopk*topk100*'
-# The warp-specialised sparse kernel (bf16, H 64 / 128): few tokens (split-KV),
+# The warp-specialised sparse kernel (every cache format, H 64 / 128): few tokens (split-KV),
 # and more items than multiprocessors (persistent CTAs, producer running ahead).
-sparse_ws='*SparseMlaFewTokens*H64_topk128_bf16:*SparseMlaFewTokens*H128_topk2560_bf16'
-run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_bf16"
+sparse_ws='*SparseMlaFewTokens*H64_topk128_*:*SparseMlaFewTokens*H128_topk2560_*'
+run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*"
 run racecheck test_gpu_cuda "$sparse_ws"
 run synccheck test_gpu_cuda "$sparse_ws"
 

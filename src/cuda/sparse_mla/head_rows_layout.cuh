@@ -25,8 +25,16 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
 inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-inline constexpr int kConsumerRegs = 224;                // setmaxnreg budgets: 2 x 128 x 224
-inline constexpr int kProducerRegs = 56;                 //   + 128 x 56 <= 65536
+// setmaxnreg budgets (2 x 128 x consumer + 128 x producer <= 65536): a bf16
+// producer only issues cp.async; an fp8 one holds a half's codes in registers
+// (head_rows_gather.cuh), paid for with 16 consumer registers (at 216 / 80 the
+// producer spilled 112 bytes, at 208 / 96 one register spills).
+template <bool kFp8>
+inline constexpr int kConsumerRegs = kFp8 ? 216 : 224;
+template <bool kFp8>
+inline constexpr int kProducerRegs = kFp8 ? 80 : 56;
+static_assert(2 * 128 * kConsumerRegs<true> + 128 * kProducerRegs<true> <= 65536);
+static_assert(2 * 128 * kConsumerRegs<false> + 128 * kProducerRegs<false> <= 65536);
 inline constexpr int kRows = 64;                         // heads per CTA (wgmma M)
 inline constexpr int kBlockKeys = 64;
 inline constexpr int kKeyDim = 576;

@@ -1,0 +1,145 @@
+// How the producer of the heads-as-rows kernel fills one half of a key buffer
+// (head_rows_layout.cuh), per cache format. Every format ends in the same
+// bf16 tile the consumers read; a gather has two steps around the wait for
+// the half to be free:
+//   load(w, slots, half)   before the wait: global loads that need no smem;
+//   store(...)             after it: the writes into the tile, then one
+//                          arrival per thread on the half's full barrier.
+// Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
+#pragma once
+#include <cstdint>
+
+#include "cuda/common/fp8.cuh"
+#include "cuda/sparse_mla/head_rows_work.cuh"
+#include "dsmla/format.hpp"
+
+namespace dsmla::cuda::sparse_mla_detail::head_rows {
+
+// First 64-dim block of a half.
+__device__ __forceinline__ int first_block(int half) { return half == kLo ? 0 : kLoBlocks; }
+
+template <CacheFormat F>
+struct KeyGather;
+
+// bf16: cp.async copies straight into the swizzled tile, nothing in registers.
+// Eight threads per key row, each copies one 16-byte chunk of every dim block.
+template <>
+struct KeyGather<CacheFormat::bf16> {
+  static constexpr int kThreadsPerRow = 8;
+  static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 4
+  static constexpr int full_arrivals(int) { return 128; }
+  unsigned t;  // producer thread, 0..127 (unsigned: / and % by powers of two stay shifts and masks)
+
+  __device__ explicit KeyGather(int thread) : t(static_cast<unsigned>(thread)) {}
+  __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
+  __device__ __forceinline__ void load(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int) {}
+  __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
+                                        std::uint8_t* buf, pl::Mbarrier* full) {
+    const int group = static_cast<int>(t / kThreadsPerRow);
+    const int c8 = static_cast<int>(t % kThreadsPerRow);
+    const int d0 = half == kLo ? 0 : kLoBlocks;
+    const int d1 = half == kLo ? kLoBlocks : kDimBlocks;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int row = group + 16 * i;
+      const std::int32_t s = w.checked(slots[i]);
+      const std::uint8_t* src =
+          w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
+#pragma unroll
+      for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
+    }
+    pl::arrive_on_copies(full);
+  }
+};
+
+// fp8_ds_mla and fp8: the codes travel through registers, are dequantised
+// (fp8::e4m3x16_to_bf16) and stored. Four threads per key row; thread q of a
+// row loads 16 codes of every 64-dim block (dims 16q .. 16q + 15 of it) and
+// writes them as chunks 2q, 2q + 1 of the tile row. The rope block (in the
+// hi half) is 64 bf16 in fp8_ds_mla: 32 bytes a thread, copied by cp.async
+// (its arrival is a second one per thread on the hi half's full barrier), so
+// that no register holds it; in fp8 it is 64 codes, scaled by k_scale like
+// the rest.
+// The loads of a half are issued before waiting for it to be free, so their
+// latency overlaps the consumers' use of it.
+template <CacheFormat F>
+struct KeyGather {
+  static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
+  static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
+  static constexpr int kThreadsPerRow = 4;
+  static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 2
+  // Arrivals that complete a half: one per thread, two in fp8_ds_mla's hi half.
+  static constexpr int full_arrivals(int half) { return kDsMla && half == kHi ? 256 : 128; }
+  static constexpr int kBytesPerToken = cache_token_bytes(F);
+  static constexpr int kLoads = kLoBlocks + (kDsMla ? 0 : 1);  // 16-byte loads per row and half
+
+  unsigned t;  // producer thread, 0..127
+  uint4 raw[kRowsPerThread][kLoads];
+  float2 scale[kRowsPerThread];  // fp8_ds_mla: the two 128-dim tile scales of the half; fp8: k_scale
+
+  __device__ explicit KeyGather(int thread) : t(static_cast<unsigned>(thread)) {}
+  __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
+
+  __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
+    const int q = static_cast<int>(t % kThreadsPerRow);
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const std::int32_t s = w.checked(slots[i]);
+      const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int d = 0; d < kLoBlocks; ++d) {
+        const int block = first_block(half) + d;
+        raw[i][d] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+      }
+      if (!kDsMla && half == kHi)
+        raw[i][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+      if constexpr (kDsMla) {
+        const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
+        scale[i] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
+      } else {
+        scale[i] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
+                                        std::uint8_t* buf, pl::Mbarrier* full) {
+    const int q = static_cast<int>(t % kThreadsPerRow);
+    const std::uint32_t base = pl::smem_addr(buf);
+    constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
+    if (kDsMla && half == kHi) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const std::int32_t s = w.checked(slots[i]);
+        const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken +
+                                  kDsMlaRopeOffset + 32 * q;
+        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q), src, s >= 0);
+        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q + 1), src + 16, s >= 0);
+      }
+      pl::arrive_on_copies(full);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int r = row(i);
+#pragma unroll
+      for (int d = 0; d < kLoBlocks; ++d) {
+        const int block = first_block(half) + d;
+        uint4 lo, hi;
+        fp8::e4m3x16_to_bf16(raw[i][d], d < 2 ? scale[i].x : scale[i].y, lo, hi);
+        pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q), lo);
+        pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q + 1), hi);
+      }
+      if (!kDsMla && half == kHi) {
+        uint4 lo, hi;
+        fp8::e4m3x16_to_bf16(raw[i][kLoBlocks], scale[i].x, lo, hi);
+        pl::store_shared_16(base + tile_offset(r, rope + 2 * q), lo);
+        pl::store_shared_16(base + tile_offset(r, rope + 2 * q + 1), hi);
+      }
+    }
+    pl::fence_smem_for_mma();  // generic-proxy writes, read by wgmma
+    pl::arrive(full);
+  }
+};
+
+}  // namespace dsmla::cuda::sparse_mla_detail::head_rows
