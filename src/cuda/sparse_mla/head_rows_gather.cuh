@@ -53,7 +53,7 @@ struct KeyGather<CacheFormat::bf16> {
 };
 
 // fp8_ds_mla and fp8: the codes travel through registers, are dequantised
-// (fp8::e4m3x16_to_bf16) and stored. Four threads per key row; thread q of a
+// (e4m3x16_to_bf16, cuda/common/fp8.cuh) and stored. Four threads per key row; thread q of a
 // row loads 16 codes of every 64-dim block (dims 16q .. 16q + 15 of it) and
 // writes them as chunks 2q, 2q + 1 of the tile row. The rope block (in the
 // hi half) is 64 bf16 in fp8_ds_mla: 32 bytes a thread, copied by cp.async
@@ -126,13 +126,13 @@ struct KeyGather {
       for (int d = 0; d < kLoBlocks; ++d) {
         const int block = first_block(half) + d;
         uint4 lo, hi;
-        fp8::e4m3x16_to_bf16(raw[i][d], d < 2 ? scale[i].x : scale[i].y, lo, hi);
+        e4m3x16_to_bf16(raw[i][d], d < 2 ? scale[i].x : scale[i].y, lo, hi);
         pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q), lo);
         pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q + 1), hi);
       }
       if (!kDsMla && half == kHi) {
         uint4 lo, hi;
-        fp8::e4m3x16_to_bf16(raw[i][kLoBlocks], scale[i].x, lo, hi);
+        e4m3x16_to_bf16(raw[i][kLoBlocks], scale[i].x, lo, hi);
         pl::store_shared_16(base + tile_offset(r, rope + 2 * q), lo);
         pl::store_shared_16(base + tile_offset(r, rope + 2 * q + 1), hi);
       }

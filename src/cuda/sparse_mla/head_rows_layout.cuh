@@ -30,9 +30,9 @@ inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpg
 // (head_rows_gather.cuh), paid for with 16 consumer registers (at 216 / 80 the
 // producer spilled 112 bytes, at 208 / 96 one register spills).
 template <bool kFp8>
-inline constexpr int kConsumerRegs = kFp8 ? 216 : 224;
+inline constexpr int kConsumerRegs = kFp8 ? 208 : 224;
 template <bool kFp8>
-inline constexpr int kProducerRegs = kFp8 ? 80 : 56;
+inline constexpr int kProducerRegs = kFp8 ? 96 : 56;
 static_assert(2 * 128 * kConsumerRegs<true> + 128 * kProducerRegs<true> <= 65536);
 static_assert(2 * 128 * kConsumerRegs<false> + 128 * kProducerRegs<false> <= 65536);
 inline constexpr int kRows = 64;                         // heads per CTA (wgmma M)

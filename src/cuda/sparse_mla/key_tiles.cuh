@@ -88,7 +88,7 @@ struct Fp8Gather {
         pipeline::store_shared_16(kbuf + tile_offset(key, 64 + (ch - 32)), raw[u]);
       } else {
         uint4 lo, hi;
-        fp8::e4m3x16_to_bf16(raw[u], scale[u], lo, hi);
+        e4m3x16_to_bf16(raw[u], scale[u], lo, hi);
         // Odd chunks store their upper half first: neighbouring threads then
         // hit all eight 16-byte bank groups in each store instruction.
         const std::uint32_t a_lo = kbuf + tile_offset(key, 2 * ch);
