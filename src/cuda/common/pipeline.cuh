@@ -6,7 +6,6 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
-#include <cutlass/arch/memory.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include <cstdint>
@@ -75,12 +74,6 @@ __device__ __forceinline__ void copy_4(void* smem_dst, const void* gmem_src, boo
 }
 
 
-// 16 bytes into shared memory at a shared-window address (the form swizzled
-// tile offsets come in); CUTLASS's st.shared wrapper.
-__device__ __forceinline__ void store_shared_16(std::uint32_t addr, const uint4& v) {
-  cutlass::arch::shared_store<16>(addr, &v);
-}
-
 // Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads`
 // threads. bar.sync / bar.arrive are .aligned: every thread of a warp must
 // execute the same instruction together, so the warp is reconverged first
@@ -95,22 +88,6 @@ __device__ __forceinline__ void named_arrive(int threads, int id) {
   __syncwarp();
   compiler_fence();
   cutlass::arch::NamedBarrier::arrive(static_cast<std::uint32_t>(threads), static_cast<std::uint32_t>(id));
-  compiler_fence();
-}
-
-// The same barrier as named_sync, for threads that reach it from different
-// instructions (e.g. two warpgroups running different template instances of
-// one epilogue). bar.sync is `barrier.sync.aligned`, which requires every
-// participating thread to execute the same instruction (compute-sanitizer's
-// synccheck reports "divergent threads in block" otherwise); the unaligned
-// form has no CUTLASS/CuTe wrapper, hence the PTX. The id is offset like
-// CUTLASS's named barriers so both kinds share one numbering.
-__device__ __forceinline__ void named_sync_unaligned(int threads, int id) {
-  __syncwarp();
-  compiler_fence();
-  asm volatile("barrier.sync %0, %1;" ::"r"(id + static_cast<int>(cutlass::arch::NamedBarrier::ReservedNamedBarrierCount)),
-               "r"(threads)
-               : "memory");
   compiler_fence();
 }
 

@@ -25,16 +25,8 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
 inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-// setmaxnreg budgets (2 x 128 x consumer + 128 x producer <= 65536): a bf16
-// producer only issues cp.async; an fp8 one holds a half's codes in registers
-// (head_rows_gather.cuh), paid for with 16 consumer registers (at 216 / 80 the
-// producer spilled 112 bytes, at 208 / 96 one register spills).
-template <bool kFp8>
-inline constexpr int kConsumerRegs = kFp8 ? 208 : 224;
-template <bool kFp8>
-inline constexpr int kProducerRegs = kFp8 ? 96 : 56;
-static_assert(2 * 128 * kConsumerRegs<true> + 128 * kProducerRegs<true> <= 65536);
-static_assert(2 * 128 * kConsumerRegs<false> + 128 * kProducerRegs<false> <= 65536);
+inline constexpr int kConsumerRegs = 224;                // setmaxnreg budgets: 2 x 128 x 224
+inline constexpr int kProducerRegs = 56;                 //   + 128 x 56 <= 65536
 inline constexpr int kRows = 64;                         // heads per CTA (wgmma M)
 inline constexpr int kBlockKeys = 64;
 inline constexpr int kKeyDim = 576;
@@ -54,11 +46,7 @@ enum Half : int { kLo = 0, kHi = 1 };
 __host__ __device__ constexpr int empty_arrivals(int buffer, int half) { return buffer == half ? 128 : 256; }
 
 // Named barriers between the consumer warpgroups (ids for pipeline::named_*).
-// The row maxima go through mbarriers instead (Barriers::max_ready): a value
-// written before bar.arrive and read after the peer's bar.sync is ordered by
-// the hardware, but compute-sanitizer's racecheck reports it as a hazard,
-// while it follows mbarrier arrive/wait.
-enum NamedBarrier : int { kP0Ready = 0, kP1Ready = 1, kSumsReady = 2 };
+enum NamedBarrier : int { kMax0Ready = 0, kMax1Ready = 1, kP0Ready = 2, kP1Ready = 3, kSumsReady = 4 };
 
 // Byte offsets from a 1024-byte aligned base (swizzle atoms need it).
 inline constexpr int kSmemQ = 0;
@@ -68,8 +56,8 @@ inline constexpr int kSmemP1 = kSmemK + 2 * kTileBytes;
 inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: published row maxima
 inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2 items][2][64]: row sums per warpgroup
 inline constexpr int kSmemValid = kSmemSum + 4 * kRows * 4;  // uint8 [2][64]: key of buffer b is valid
-inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], max_ready[2]
-inline constexpr int kNumBars = 14;
+inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2]
+inline constexpr int kNumBars = 12;
 inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr int kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
