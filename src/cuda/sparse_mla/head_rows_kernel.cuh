@@ -39,6 +39,9 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     pl::grow_registers<kConsumerRegs>();
     Consumer<1>(bars, smem).run(args);
   }
+  // The producer waits here for the consumers instead of exiting early: no
+  // warp of the CTA has exited while the consumers' named barriers are in use.
+  __syncthreads();
 }
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows
