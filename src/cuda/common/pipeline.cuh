@@ -91,6 +91,22 @@ __device__ __forceinline__ void named_arrive(int threads, int id) {
   compiler_fence();
 }
 
+// The same barrier as named_sync, for threads that reach it from different
+// instructions (e.g. two warpgroups running different template instances of
+// one epilogue). bar.sync is `barrier.sync.aligned`, which requires every
+// participating thread to execute the same instruction (compute-sanitizer's
+// synccheck reports "divergent threads in block" otherwise); the unaligned
+// form has no CUTLASS/CuTe wrapper, hence the PTX. The id is offset like
+// CUTLASS's named barriers so both kinds share one numbering.
+__device__ __forceinline__ void named_sync_unaligned(int threads, int id) {
+  __syncwarp();
+  compiler_fence();
+  asm volatile("barrier.sync %0, %1;" ::"r"(id + static_cast<int>(cutlass::arch::NamedBarrier::ReservedNamedBarrierCount)),
+               "r"(threads)
+               : "memory");
+  compiler_fence();
+}
+
 // Generic-proxy shared-memory writes become visible to wgmma (async proxy).
 __device__ __forceinline__ void fence_smem_for_mma() {
   compiler_fence();

@@ -208,16 +208,16 @@ struct Consumer {
           max_pub[row(0)] = m_new[0];
           max_pub[row(1)] = m_new[1];
         }
-        pl::named_arrive(kConsumerThreads, kMax0Ready);
+        pl::arrive(bars.max_ready(0));
       } else {
-        pl::named_sync(kConsumerThreads, kMax0Ready);
+        pl::wait(bars.max_ready(0), round & 1);
         m_new[0] = fmaxf(max_pub[row(0)], mx[0]);
         m_new[1] = fmaxf(max_pub[row(1)], mx[1]);
         if (tq == 0) {
           max_pub[kRows + row(0)] = m_new[0];
           max_pub[kRows + row(1)] = m_new[1];
         }
-        pl::named_arrive(kConsumerThreads, kMax1Ready);
+        pl::arrive(bars.max_ready(1));
       }
       softmax_to(m_new);
 
@@ -231,7 +231,7 @@ struct Consumer {
       }
       mma::commit();
       if constexpr (kWg == 0) {
-        pl::named_sync(kConsumerThreads, kMax1Ready);
+        pl::wait(bars.max_ready(1), round & 1);
         float factor[2], m_final[2];
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
@@ -299,7 +299,7 @@ struct Consumer {
       l_wg[hi] = sm::quad_sum(l_part[hi]);
       if (tq == 0) sums[kWg * kRows + row(hi)] = l_wg[hi];
     }
-    pl::named_sync(kConsumerThreads, kSumsReady);
+    pl::named_sync_unaligned(kConsumerThreads, kSumsReady);  // reached from both template instances
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int r = row(hi);

@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
         pl::init(bars.empty(b, h), empty_arrivals(b, h));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 16);
+    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);
     pl::fence_init();
   }
   __syncthreads();

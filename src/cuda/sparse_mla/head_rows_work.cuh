@@ -76,6 +76,8 @@ struct Barriers {
   __device__ pl::Mbarrier* empty(int buffer, int half) const { return base + 6 + 2 * buffer + half; }
   // The producer's per-key valid flags of a buffer (16 arrivals: one thread per row group).
   __device__ pl::Mbarrier* valid(int buffer) const { return base + 10 + buffer; }
+  // Consumer warpgroup w has published its row maxima of the round (128 arrivals).
+  __device__ pl::Mbarrier* max_ready(int wg) const { return base + 12 + wg; }
 };
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows
