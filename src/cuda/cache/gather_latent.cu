@@ -22,27 +22,6 @@ constexpr int kRowVectors = kLatentKeyDim * 2 / 16;  // 72 uint4 per bf16 latent
 constexpr int kKvVectors = kLatentDim * 2 / 16;      // 64 uint4 of kv_c
 constexpr int kPeVectors = kRopeDim * 2 / 16;        // 8 uint4 of k_pe
 
-__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-
-// 16 e4m3 codes times `scale` -> 16 bf16 (two uint4) at dst.
-__device__ __forceinline__ void dequantize16(uint4 codes, float scale, uint4* dst) {
-  const std::uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  std::uint32_t out[8];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    float v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = e4m3_to_float(static_cast<std::uint8_t>(words[w] >> (8 * k))) * scale;
-    out[2 * w] = pack_bf16x2(v[0], v[1]);
-    out[2 * w + 1] = pack_bf16x2(v[2], v[3]);
-  }
-  dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gather_latent_kernel(LatentGatherParams p) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.num_rows) return;
@@ -76,13 +55,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gather_latent_kernel(Late
     case CacheFormat::fp8_ds_mla: {
       // Lane l: codes [16 l, 16 l + 16) of tile l / 8.
       const float scale = reinterpret_cast<const float*>(token + kDsMlaScaleOffset)[lane / 8];
-      dequantize16(reinterpret_cast<const uint4*>(token)[lane], scale, out + 2 * lane);
+      e4m3x16_to_bf16(reinterpret_cast<const uint4*>(token)[lane], scale, out[2 * lane], out[2 * lane + 1]);
       if (lane < kPeVectors) out[kKvVectors + lane] = reinterpret_cast<const uint4*>(token + kDsMlaRopeOffset)[lane];
       break;
     }
     case CacheFormat::fp8: {
       const uint4* in = reinterpret_cast<const uint4*>(token);
-      for (int i = lane; i < kLatentKeyDim / 16; i += 32) dequantize16(in[i], p.k_scale, out + 2 * i);
+      for (int i = lane; i < kLatentKeyDim / 16; i += 32) e4m3x16_to_bf16(in[i], p.k_scale, out[2 * i], out[2 * i + 1]);
       break;
     }
   }

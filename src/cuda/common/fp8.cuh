@@ -1,11 +1,14 @@
-// Device-side e4m3fn conversions that match src/format/format.cpp bit for bit
-// (DESIGN §4: the cache bytes written on the GPU must equal the host's).
+// Device-side e4m3fn conversions: the cache writer's, which match
+// src/format/format.cpp bit for bit (DESIGN §4: the cache bytes written on the
+// GPU must equal the host's), and the sparse kernels' dequantisation to bf16.
 // Included by .cu files only.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "cuda/common/softmax.cuh"
 
 namespace dsmla::cuda {
 
@@ -44,6 +47,28 @@ __device__ __forceinline__ std::uint8_t float_to_e4m3(float x) {
 __device__ __forceinline__ float e4m3_to_float(std::uint8_t code) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
   return __half2float(__half(h));
+}
+
+// Two e4m3 (low byte first) -> bf16x2 of value * scale, for the sparse kernels'
+// dequantisation on the way into shared memory. e4m3 -> f16 is exact and the
+// multiply runs in fp32, so the only rounding is the final one to bf16:
+// bf16(e4m3 * scale), as the CPU reference rounds it.
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2(std::uint16_t two, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return softmax::pack_bf16x2(f.x * scale, f.y * scale);
+}
+
+// 16 e4m3 -> 16 bf16 (value * scale), as two 16-byte chunks (values 0-7, 8-15).
+__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 raw, float scale, uint4& lo, uint4& hi) {
+  lo.x = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.x), scale);
+  lo.y = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.x >> 16), scale);
+  lo.z = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.y), scale);
+  lo.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.y >> 16), scale);
+  hi.x = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.z), scale);
+  hi.y = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.z >> 16), scale);
+  hi.z = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w), scale);
+  hi.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w >> 16), scale);
 }
 
 }  // namespace dsmla::cuda

@@ -6,6 +6,7 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/memory.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include <cstdint>
@@ -73,6 +74,12 @@ __device__ __forceinline__ void copy_4(void* smem_dst, const void* gmem_src, boo
   Copy::copy(*static_cast<const std::uint32_t*>(gmem_src), *static_cast<std::uint32_t*>(smem_dst), valid);
 }
 
+
+// 16 bytes into shared memory at a shared-window address (the form swizzled
+// tile offsets come in); CUTLASS's st.shared wrapper.
+__device__ __forceinline__ void store_shared_16(std::uint32_t addr, const uint4& v) {
+  cutlass::arch::shared_store<16>(addr, &v);
+}
 
 // Barrier `id` (0..7; CUTLASS reserves the hardware ids below) among `threads`
 // threads. bar.sync / bar.arrive are .aligned: every thread of a warp must

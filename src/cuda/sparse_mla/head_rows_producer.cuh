@@ -2,18 +2,22 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda/sparse_mla/head_rows_work.cuh"
+#include "cuda/sparse_mla/head_rows_gather.cuh"
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
-// 128 threads; thread t copies chunk t % 8 of every 64-dim block of rows
-// t / 8 + 16 i (i < 4): eight threads read one row's 128 contiguous bytes.
+// 128 threads. The query: thread t copies chunk t % 8 of every 64-dim block of
+// rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done.
+template <CacheFormat F>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
   const int t = threadIdx.x - kConsumerThreads;
   const int group = t >> 3;
   const int c8 = t & 7;
+  using Gather = KeyGather<F>;
+  constexpr int kRowsPerThread = Gather::kRowsPerThread;
+  Gather keys(t);
   const SparseMlaParams& p = args.p;
   int round = 0;   // rounds so far, over all items of this CTA
   int q_loads = 0;  // queries loaded so far
@@ -28,7 +32,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     }
     return from;
   };
-  std::int32_t slots[2][4];
+  std::int32_t slots[2][kRowsPerThread];
   int count = 0;
   int item = next_busy(blockIdx.x, count);
   WorkItem w(args, item, count);
@@ -36,7 +40,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) slots[b][i] = w.raw_slot(b, group + 16 * i);
+      for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = w.raw_slot(b, keys.row(i));
   }
   while (item < items) {
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
@@ -53,25 +57,18 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     pl::arrive_on_copies(bars.q_full());
     ++q_loads;
 
-    auto gather = [&](int b, int half) {
+    // b and half as template arguments: every loop bound and offset is static.
+    auto gather = [&]<int b, int half>() {
+      keys.load(w, slots[b], half);
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-      std::uint8_t* buf = smem + kSmemK + b * kTileBytes;
-      const int d0 = half == kLo ? 0 : kLoBlocks;
-      const int d1 = half == kLo ? kLoBlocks : kDimBlocks;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = group + 16 * i;
-        const std::int32_t s = w.checked(slots[b][i]);
-        const std::uint8_t* src = p.kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * (kKeyDim * 2) + 16 * c8;
-#pragma unroll
-        for (int d = d0; d < d1; ++d) pl::copy_16(buf + tile_offset(row, 8 * d + c8), src + 128 * d, s >= 0);
-      }
-      pl::arrive_on_copies(bars.full(b, half));
+      keys.store(w, slots[b], half, smem + kSmemK + b * kTileBytes, bars.full(b, half));
       // With the first half of a buffer, its keys' valid flags (the consumers
-      // read them after S, before releasing that half).
-      if (half == (b == 0 ? kLo : kHi) && c8 == 0) {
+      // read them after S, before releasing that half): the first thread of
+      // each row writes its rows' flags.
+      if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) smem[kSmemValid + b * kBlockKeys + group + 16 * i] = w.checked(slots[b][i]) >= 0;
+        for (int i = 0; i < kRowsPerThread; ++i)
+          smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
         pl::arrive(bars.valid(b));
       }
     };
@@ -79,10 +76,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     int count_ahead = 0, item_ahead = items;
     for (int r = 0; r < w.rounds; ++r, ++round) {
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
-      gather(0, kLo);
-      gather(1, kHi);
-      gather(0, kHi);
-      gather(1, kLo);
+      gather.template operator()<0, kLo>();
+      gather.template operator()<1, kHi>();
+      gather.template operator()<0, kHi>();
+      gather.template operator()<1, kLo>();
       // Slots of the next round, or of the next item's first round: issued
       // now, used after the consumers release a buffer.
       const bool more = r + 1 < w.rounds;
@@ -93,7 +90,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) slots[b][i] = any_next ? w_next.raw_slot(block_next + b, group + 16 * i) : -1;
+        for (int i = 0; i < kRowsPerThread; ++i)
+          slots[b][i] = any_next ? w_next.raw_slot(block_next + b, keys.row(i)) : -1;
     }
     item = item_ahead;
     w = WorkItem(args, item, count_ahead);

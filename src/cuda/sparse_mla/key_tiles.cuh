@@ -11,6 +11,7 @@
 
 #include <cutlass/arch/memory.h>
 
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
@@ -18,31 +19,6 @@
 #include "dsmla/format.hpp"
 
 namespace dsmla::cuda::sparse_mla_detail {
-
-// 16 bytes into shared memory at a shared-window address (the form the
-// swizzled tile offsets come in); CUTLASS's st.shared wrapper.
-__device__ __forceinline__ void store_shared_16(std::uint32_t addr, const uint4& v) {
-  cutlass::arch::shared_store<16>(addr, &v);
-}
-
-// Two e4m3 (low byte first) -> bf16x2 of value * scale.
-__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2(std::uint16_t two, float scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return softmax::pack_bf16x2(f.x * scale, f.y * scale);
-}
-
-// 16 e4m3 -> 16 bf16 (value * scale), as two 16-byte chunks.
-__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 raw, float scale, uint4& lo, uint4& hi) {
-  lo.x = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.x), scale);
-  lo.y = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.x >> 16), scale);
-  lo.z = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.y), scale);
-  lo.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.y >> 16), scale);
-  hi.x = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.z), scale);
-  hi.y = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.z >> 16), scale);
-  hi.z = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w), scale);
-  hi.w = e4m3x2_to_bf16x2(static_cast<std::uint16_t>(raw.w >> 16), scale);
-}
 
 // ---------------------------------------------------------------- fp8 gather
 
@@ -109,7 +85,7 @@ struct Fp8Gather {
       const int key = c / kChunksPerKey;
       const int ch = c - key * kChunksPerKey;
       if (kDsMla && ch >= 32) {
-        store_shared_16(kbuf + tile_offset(key, 64 + (ch - 32)), raw[u]);
+        pipeline::store_shared_16(kbuf + tile_offset(key, 64 + (ch - 32)), raw[u]);
       } else {
         uint4 lo, hi;
         e4m3x16_to_bf16(raw[u], scale[u], lo, hi);
@@ -118,11 +94,11 @@ struct Fp8Gather {
         const std::uint32_t a_lo = kbuf + tile_offset(key, 2 * ch);
         const std::uint32_t a_hi = kbuf + tile_offset(key, 2 * ch + 1);
         if (ch & 1) {
-          store_shared_16(a_hi, hi);
-          store_shared_16(a_lo, lo);
+          pipeline::store_shared_16(a_hi, hi);
+          pipeline::store_shared_16(a_lo, lo);
         } else {
-          store_shared_16(a_lo, lo);
-          store_shared_16(a_hi, hi);
+          pipeline::store_shared_16(a_lo, lo);
+          pipeline::store_shared_16(a_hi, hi);
         }
       }
     }

@@ -152,13 +152,7 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
     args.part_o = reinterpret_cast<float*>(base + part_lse_bytes(split, p.num_tokens, p.num_heads));
   }
 
-  switch (p.format) {
-    case CacheFormat::bf16: sparse_mla_detail::run_head_rows_kernel(args, stream); break;
-    case CacheFormat::fp8_ds_mla:
-      sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8_ds_mla>(args, stream);
-      break;
-    case CacheFormat::fp8: sparse_mla_detail::run_sparse_mla_kernel<CacheFormat::fp8>(args, stream); break;
-  }
+  sparse_mla_detail::run_head_rows_kernel(args, stream);
   check_launch("sparse MLA kernel");
 
   if (split.num_splits > 1) {
