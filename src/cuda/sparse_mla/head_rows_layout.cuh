@@ -31,7 +31,7 @@ inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpg
 // setmaxnreg.inc forever. A bf16 producer only issues cp.async; an fp8 one
 // holds a half's codes in registers (head_rows_gather.cuh), paid for with 16
 // consumer registers (at 208 / 88 the fp8_ds_mla producer spills 40 bytes, fp8
-// 4; at 200 / 104 both spill 36 bytes, in the consumers).
+// 4; at 200 / 104 both spill 36 bytes).
 inline constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168
 template <bool kFp8>
 inline constexpr int kConsumerRegs = kFp8 ? 208 : 224;
