@@ -1,11 +1,12 @@
 // Shapes, shared-memory plan and barrier roles of the warp-specialised
-// heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), the bf16-cache kernel
-// for every head count (16 and 32 heads run padded to 64 rows: the keys-as-rows
-// tile kernel they had is slower even so).
+// heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), the kernel of every
+// cache format and head count (16 and 32 heads run padded to 64 rows: the
+// keys-as-rows tile kernel they had was slower even so).
 //
 // Work split: a persistent grid; a CTA takes work items (token, 64 heads,
 // split of the top-k range) round-robin and has three warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
-// the bf16 cache into two key buffers with cp.async; each buffer holds one
+// cache into two key buffers (head_rows_gather.cuh: cp.async for bf16, e4m3
+// dequantised through registers for the fp8 caches); each buffer holds one
 // block of 64 keys x 576 dims. Consumer warpgroup w (0, 1) computes S = Q K^T
 // for the blocks of buffer w (all 64 heads x 64 keys, m64n64k16: a 64-wide N
 // keeps the shared-memory reads of Q below the tensor-core time), and

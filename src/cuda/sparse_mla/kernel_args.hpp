@@ -1,4 +1,4 @@
-// What the sparse MLA launcher passes to every kernel variant (one CTA per
+// What the sparse MLA launcher passes to the kernel (one work item per
 // token x head block x split of the top-k range).
 #pragma once
 #include <cuda_runtime.h>
@@ -20,11 +20,7 @@ struct KernelArgs {
   float* part_o = nullptr;     // [num_splits, num_tokens, num_heads, 512]
 };
 
-// Launches the attention kernel for one cache format (one format per .cu file).
-template <CacheFormat F>
-void run_sparse_mla_kernel(const KernelArgs& args, cudaStream_t stream);
-
-// The warp-specialised kernel for a bf16 cache, any head count (head_rows_kernel.cuh).
+// The warp-specialised kernel, every cache format and head count (head_rows_kernel.cuh).
 void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream);
 
 }  // namespace dsmla::cuda::sparse_mla_detail

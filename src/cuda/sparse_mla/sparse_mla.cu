@@ -7,7 +7,7 @@
 
 #include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
-#include "cuda/sparse_mla/sparse_mla_kernel.cuh"
+#include "cuda/sparse_mla/kernel_args.hpp"
 
 namespace dsmla::cuda {
 namespace {
