@@ -5,7 +5,7 @@
 //
 // Work split: a persistent grid; a CTA takes work items (token, 64 heads,
 // split of the top-k range) round-robin and has three warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
-// cache into two key buffers (head_rows_gather.cuh: cp.async for bf16, e4m3
+// the cache into two key buffers (head_rows_gather.cuh: cp.async for bf16, e4m3
 // dequantised through registers for the fp8 caches); each buffer holds one
 // block of 64 keys x 576 dims. Consumer warpgroup w (0, 1) computes S = Q K^T
 // for the blocks of buffer w (all 64 heads x 64 keys, m64n64k16: a 64-wide N
