@@ -1,5 +1,6 @@
-// Host side of the sparse MLA kernel: argument checks, the split-KV choice,
-// the workspace layout and the kernel that merges split partial results.
+// Host side of the sparse MLA kernel: argument checks, the workspace layout
+// of the split-KV choice (plan/sparse_split.hpp) and the kernel that merges
+// split partial results.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "cuda/sparse_mla/kernel_args.hpp"
+#include "plan/sparse_split.hpp"
 
 namespace dsmla::cuda {
 namespace {
@@ -16,49 +18,8 @@ using sparse_mla_detail::kHeadsPerCta;
 using sparse_mla_detail::kTileKeys;
 using sparse_mla_detail::kValueDim;
 
-// The split search prices a CTA's fixed cost (query load, first gather,
-// epilogue) and the merge kernel at about one key tile each.
-constexpr double kCtaOverheadTiles = 1.0;
-constexpr double kCombineCostTiles = 1.0;
-constexpr int kMaxSplits = 64;
-
-struct SplitPlan {
-  int num_splits = 1;
-  int split_keys = 0;  // top-k positions per split, a multiple of kTileKeys
-};
-
-// Splits the top-k range only when the (token, head group) CTAs cannot fill
-// the GPU, choosing the split count that minimises waves x tiles per CTA with
-// the costs above. Depends on shapes only (never on valid counts, which live
-// on the device), so the workspace size is known at plan time.
-SplitPlan plan_splits(int num_tokens, int num_heads, int topk, int sm_count) {
-  const int max_tiles = std::max(1, (topk + kTileKeys - 1) / kTileKeys);
-  SplitPlan best{1, max_tiles * kTileKeys};
-  const std::int64_t ctas = static_cast<std::int64_t>(num_tokens) * ((num_heads + kHeadsPerCta - 1) / kHeadsPerCta);
-  if (ctas <= 0 || ctas >= sm_count || max_tiles == 1) return best;
-  auto waves = [&](int splits) { return static_cast<double>((ctas * splits + sm_count - 1) / sm_count); };
-  double best_cost = waves(1) * (max_tiles + kCtaOverheadTiles);
-  for (int tiles_per_split = max_tiles - 1; tiles_per_split >= 1; --tiles_per_split) {
-    const int splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
-    if (splits > kMaxSplits) break;
-    const double cost = waves(splits) * (tiles_per_split + kCtaOverheadTiles) + kCombineCostTiles;
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = {splits, tiles_per_split * kTileKeys};
-    }
-  }
-  return best;
-}
-
-// Workspace: part_lse [splits, tokens, heads] fp32, then part_o [splits, tokens, heads, 512] fp32.
-std::size_t part_lse_bytes(const SplitPlan& s, int num_tokens, int num_heads) {
-  return align_up(static_cast<std::size_t>(s.num_splits) * num_tokens * num_heads * sizeof(float));
-}
-std::size_t workspace_bytes_for(const SplitPlan& s, int num_tokens, int num_heads) {
-  if (s.num_splits <= 1) return 0;
-  return part_lse_bytes(s, num_tokens, num_heads) +
-         static_cast<std::size_t>(s.num_splits) * num_tokens * num_heads * kValueDim * sizeof(float);
-}
+static_assert(kTileKeys == kSparseTileKeys && kHeadsPerCta == kSparseHeadsPerItem,
+              "the host split choice (plan/sparse_split.hpp) assumes the kernel's block and item sizes");
 
 constexpr int kCombineThreads = kValueDim / 4;  // 4 columns per thread
 
@@ -128,14 +89,14 @@ void check_params(const SparseMlaParams& p) {
 
 std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk) {
   if (num_tokens <= 0 || num_heads <= 0 || topk <= 0) return 0;
-  return workspace_bytes_for(plan_splits(num_tokens, num_heads, topk, multiprocessor_count()), num_tokens,
-                             num_heads);
+  return sparse_split_workspace_bytes(plan_sparse_split(num_tokens, num_heads, topk, multiprocessor_count()),
+                                      num_tokens, num_heads);
 }
 
 void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   check_params(p);
   if (p.num_tokens == 0) return;
-  const SplitPlan split = plan_splits(p.num_tokens, p.num_heads, p.topk, multiprocessor_count());
+  const SparseSplit split = plan_sparse_split(p.num_tokens, p.num_heads, p.topk, multiprocessor_count());
 
   sparse_mla_detail::KernelArgs args;
   args.p = p;
@@ -145,11 +106,11 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
     if (p.workspace == nullptr || reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlignment != 0) {
       throw Error("sparse MLA: " + std::to_string(split.num_splits) +
                   "-way split needs a 256-byte aligned workspace of " +
-                  std::to_string(workspace_bytes_for(split, p.num_tokens, p.num_heads)) + " bytes");
+                  std::to_string(sparse_split_workspace_bytes(split, p.num_tokens, p.num_heads)) + " bytes");
     }
     auto* base = static_cast<std::uint8_t*>(p.workspace);
     args.part_lse = reinterpret_cast<float*>(base);
-    args.part_o = reinterpret_cast<float*>(base + part_lse_bytes(split, p.num_tokens, p.num_heads));
+    args.part_o = reinterpret_cast<float*>(base + sparse_split_lse_bytes(split, p.num_tokens, p.num_heads));
   }
 
   sparse_mla_detail::run_head_rows_kernel(args, stream);
