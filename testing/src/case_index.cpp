@@ -108,8 +108,11 @@ void read_index_inputs(const io::File& f, Case& c) {
   const io::Tensor& weights = io::require(f, "index_weights", DType::F32, std::vector<std::int64_t>{T, Hi});
   const io::Tensor& k = io::require(f, "index_k", DType::BF16, std::vector<std::int64_t>{T, Di});
   // Paged like the latent cache: the same blocks, block size and slots.
-  const io::Tensor& cache = io::require(f, "index_cache", DType::U8,
-                                        std::vector<std::int64_t>{c.num_cache_blocks, c.block_size, Di + 4});
+  const io::Tensor& cache = io::require(f, "index_cache", DType::U8, std::vector<std::int64_t>{any, any, Di + 4});
+  if (cache.shape[0] != c.num_cache_blocks || cache.shape[1] != c.block_size)
+    throw Error("case tensor 'index_cache' has " + str(cache.shape[0]) + " blocks of " + str(cache.shape[1]) +
+                " tokens, 'kv_cache' has " + str(c.num_cache_blocks) + " of " + str(c.block_size) +
+                ": the index cache shares the latent cache's block table and slots");
   c.indexer = true;
   c.index_num_heads = static_cast<int>(Hi);
   c.index_head_dim = static_cast<int>(Di);
