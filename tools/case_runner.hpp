@@ -15,6 +15,9 @@ struct RunOutputs {
   std::vector<std::uint16_t> out;     // [T, H*128] bf16
   std::vector<float> lse;             // [T, H]
   std::vector<std::uint8_t> kv_cache; // the cache after the run
+  // Cases with indexer inputs only (else empty):
+  std::vector<std::int32_t> topk_indices;  // [T, topk] the indices the run selected and used
+  std::vector<std::uint8_t> index_cache;   // the index cache after the run
   double median_ms = 0;               // wall time of one run (median of the timed runs)
 };
 

@@ -37,6 +37,11 @@ options:
   --topk-fill NAME        causal_full | random_subset | all_empty (default causal_full)
   --padding-tokens N      extra rows at the end with slot -1 (default 0)
   --no-topk               leave out the topk_indices tensor
+  --indexer               write the lightning indexer's inputs (index_q, index_weights,
+                          index_k, a filled index_cache) instead of topk_indices:
+                          `dsmla run` then selects the top-k itself
+  --index-heads N         indexer heads (default 64; 16, 32, 48 or 64)
+  --index-head-dim D      indexer head dim (default 128; a multiple of 16 up to 256)
 
 A case over 4 GiB of tensors is refused before anything is generated. The
 file is written to a temporary file in the target directory and renamed into
@@ -59,7 +64,8 @@ int make_case_main(int argc, char** argv) {
   const Args args("make-case",
                   {{"--batch"}, {"--seq-lens"}, {"--query-lens"}, {"--heads"}, {"--cache-format"}, {"--block-size"},
                    {"--topk"}, {"--seed"}, {"--k-scale"}, {"--q-scale"}, {"--policy"}, {"--decode-threshold"},
-                   {"--topk-fill"}, {"--padding-tokens"}, {"--no-topk", true}},
+                   {"--topk-fill"}, {"--padding-tokens"}, {"--no-topk", true}, {"--indexer", true},
+                   {"--index-heads"}, {"--index-head-dim"}},
                   argc, argv);
   if (args.help()) {
     std::string names;
@@ -103,6 +109,11 @@ int make_case_main(int argc, char** argv) {
   spec.topk_fill = parse_topk_fill(args.get("--topk-fill", "causal_full"));
   spec.padding_tokens = static_cast<int>(args.get_int("--padding-tokens", 0, 0, kMaxLen));
   spec.with_topk = !args.has("--no-topk");
+  spec.with_indexer = args.has("--indexer");
+  spec.index_num_heads = static_cast<int>(args.get_int("--index-heads", spec.index_num_heads, 1, kMaxIndexHeads));
+  spec.index_head_dim = static_cast<int>(args.get_int("--index-head-dim", spec.index_head_dim, 1, kMaxIndexHeadDim));
+  if ((args.has("--index-heads") || args.has("--index-head-dim")) && !spec.with_indexer)
+    throw UsageError("--index-heads and --index-head-dim need --indexer");
 
   // Refuse a case that cannot reasonably be built in memory before allocating it.
   {
@@ -112,7 +123,11 @@ int make_case_main(int argc, char** argv) {
       slots += static_cast<double>((spec.seq_lens[r] + spec.block_size - 1) / spec.block_size) * spec.block_size;
     }
     const double bytes = tokens * (spec.num_heads * 192.0 + 512 + 64) * 2 + spec.num_heads * 256.0 * 512 * 2 +
-                         slots * bytes_per_token(spec.cache_format) + (spec.with_topk ? tokens * spec.topk * 4.0 : 0);
+                         slots * bytes_per_token(spec.cache_format) +
+                         (spec.with_indexer ? tokens * spec.index_num_heads * (spec.index_head_dim + 4.0) +
+                                                  tokens * spec.index_head_dim * 2.0 + slots * (spec.index_head_dim + 4.0)
+                          : spec.with_topk  ? tokens * spec.topk * 4.0
+                                            : 0);
     if (bytes > kMaxCaseBytes)
       throw UsageError("the case would take " + std::to_string(static_cast<long long>(bytes)) +
                        " bytes, more than the limit of " + std::to_string(static_cast<long long>(kMaxCaseBytes)) +

@@ -14,6 +14,7 @@
 #include "dsmla/testing/compare.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/testing/safetensors.hpp"
+#include "dsmla/testing/topk_check.hpp"
 
 namespace dsmla::tools {
 
@@ -26,8 +27,14 @@ the inputs stored in CASE (see docs/case-format.md) and writes OUT with
   out       BF16 [T, H*128]   attention output (the input of o_proj)
   lse       F32  [T, H]       log-sum-exp of the scaled scores (-inf: no key)
   kv_cache  U8   [blocks, block_size, bytes_per_token]   the cache after the write
+and, for a case with the indexer inputs (index_q, index_weights, index_k,
+index_cache: the lightning indexer selects the top-k itself),
+  topk_indices  I32 [T, topk]     the request-local indices the run used (-1:
+                                  empty; dense-routed and padding rows all -1)
+  index_cache   U8  [blocks, block_size, index_head_dim + 4]   after the write
 Every top-k index of the tokens on the sparse path is checked first; a bad
-one is reported with its token and column.
+one is reported with its token and column. The indexer inputs it reads are
+checked too (finite weights, keys and cached scales, no NaN codes).
 
 options:
   -o, --out FILE        output file (required)
@@ -39,6 +46,9 @@ options:
                         inputs, print max abs / max rel error of out and lse and
                         exit 1 when they exceed the tolerance of the cache format
                         (bf16: rtol 1e-2 atol 1e-2; fp8 formats: rtol 6.5e-2 atol 5e-2),
+                        and with the indexer that every selected set equals the
+                        float64 one up to logits within 1e-5 (relative) of the
+                        k-th largest and that both index caches are identical,
                         the policy of the test suite: NaN never passes, lse -inf
                         only matches -inf, and up to 10 outputs per million may
                         exceed the bound by at most 1.5x (bf16 intermediates)
@@ -168,6 +178,13 @@ int run_main(int argc, char** argv) {
   f.tensors["lse"] = tensor_of(io::DType::F32, {T, H}, result.lse.data(), result.lse.size() * 4);
   f.tensors["kv_cache"] = tensor_of(io::DType::U8, {c.num_cache_blocks, c.block_size, bytes_per_token(c.cache_format)},
                                     result.kv_cache.data(), result.kv_cache.size());
+  if (c.indexer) {
+    f.tensors["topk_indices"] =
+        tensor_of(io::DType::I32, {T, c.topk}, result.topk_indices.data(), result.topk_indices.size() * 4);
+    f.tensors["index_cache"] =
+        tensor_of(io::DType::U8, {c.num_cache_blocks, c.block_size, index_cache_token_bytes(c.index_head_dim)},
+                  result.index_cache.data(), result.index_cache.size());
+  }
   f.metadata["backend"] = backend_name;
   f.metadata["policy"] = std::string(to_string(c.policy));
   f.metadata["cache_format"] = std::string(to_string(c.cache_format));
@@ -203,7 +220,16 @@ int run_main(int argc, char** argv) {
   std::printf("  kv_cache: %lld of %lld cache tokens differ\n", static_cast<long long>(cache_diff),
               static_cast<long long>(c.num_cache_blocks * c.block_size));
   // Both backends write the cache with the same byte format: any differing token is a failure.
-  const bool passed = report.ok() && cache_diff == 0;
+  bool passed = report.ok() && cache_diff == 0;
+  if (c.indexer) {
+    const IndexerHostView view{c.index_q.data(), c.index_weights.data(), ref.index_cache.data(), c.block_table};
+    const TopkCheckReport topk_report = check_topk_selection(reference.plan(), view, result.topk_indices);
+    const std::int64_t index_diff =
+        differing_cache_tokens(result.index_cache, ref.index_cache, c.block_size * index_cache_token_bytes(c.index_head_dim));
+    std::printf("  %s\n  index_cache: %lld of %lld cache blocks differ\n", topk_report.summary().c_str(),
+                static_cast<long long>(index_diff), static_cast<long long>(c.num_cache_blocks));
+    passed = passed && (topk_report.ok() || topk_report.rows_checked == 0) && index_diff == 0;
+  }
   std::printf("check %s\n", passed ? "passed" : "FAILED");
   return passed && outputs_ok ? 0 : kExitRuntime;
 }

@@ -43,6 +43,17 @@ struct ForwardInputs {
   // but it changes no result: dsmla never quantises the query (scores are bf16 MMA products
   // of the bf16 absorbed query with the dequantised keys).
   float q_scale = 1;
+
+  // Lightning indexer inputs (DESIGN §6), read only when the plan was made with
+  // PlanOptions::indexer; Hi = index_num_heads, Di = index_head_dim.
+  const std::uint8_t* index_q = nullptr;     // [T, Hi, Di] e4m3 codes
+  const float* index_weights = nullptr;      // [T, Hi] fp32 (q scales and Di^-0.5 * Hi^-0.5 folded in)
+  const std::uint16_t* index_k = nullptr;    // [T, Di] bf16 keys of the new tokens
+  std::uint8_t* index_cache = nullptr;       // [num_blocks, block_size, Di + 4] (dsmla/format.hpp)
+  // [T, topk] int32, optional: receives the request-local indices the sparse path used
+  // (sparse rows: the selection, then -1; dense and padding rows: all -1). When null
+  // they stay in the workspace (Plan::ws_index_topk).
+  std::int32_t* topk_indices_out = nullptr;
 };
 
 // Accepted ranges of the scales (docs/api.md): beyond them a finite input
@@ -61,6 +72,15 @@ void check_scales(float softmax_scale, float k_scale, float q_scale, CacheFormat
 inline constexpr double kCpuMaxFlops = 5e11;
 inline constexpr int kCpuMaxDenseSeqLen = 16384;
 
+// Host-side check of the indexer inputs of a plan made with PlanOptions::indexer
+// (pointers into host memory): every index weight and query code of the indexer
+// rows is finite, every new key that is written is finite, and every cached
+// index-cache entry an indexer row reads (positions before the new tokens) has
+// finite codes and a finite scale > 0 (0: a slot that was never written).
+// Throws Error naming token, head / column or slot and the value. The CPU
+// backend runs it in run(); `dsmla run` runs it for either backend.
+void validate_index_inputs(const Plan& plan, const BatchDesc& batch, const ForwardInputs& inputs);
+
 class BackendImpl;  // one per backend, in src/cpu and src/cuda
 
 class Attention {
@@ -77,11 +97,15 @@ class Attention {
   std::size_t workspace_bytes() const;
 
   // Full forward of DESIGN §2: cache write, then both paths into their rows.
+  // With PlanOptions::indexer first the index cache write and the top-k selection
+  // of DESIGN §6 (topk_indices must be null then; the index inputs are required).
   // Pointers must match the planned batch. No allocation, no host sync (cuda).
   void run(const ForwardInputs& inputs, void* workspace, void* cuda_stream = nullptr);
 
   // Same, after checking every top-k index of the sparse tokens on the host
   // (throws Error naming token and column). CPU backend: always checked.
+  // With PlanOptions::indexer there are no caller indices to check (host_topk_indices
+  // is ignored); validate_index_inputs checks the indexer's inputs instead.
   void run_checked(const ForwardInputs& inputs, const std::int32_t* host_topk_indices,
                    void* workspace, void* cuda_stream = nullptr);
 

@@ -66,6 +66,25 @@ typedef struct {
   float q_scale;
 } dsmla_inputs;
 
+/* Lightning indexer (DESIGN §6). The existing structs above are unchanged (their
+ * layout is the ABI); the indexer's structs start with their own size, so that a
+ * later version can append fields and still recognise older callers: set
+ * struct_size = sizeof(the struct). This version accepts exactly its own size. */
+typedef struct {
+  size_t struct_size;  /* sizeof(dsmla_indexer_options) */
+  int32_t num_heads;   /* indexer heads: multiple of 16 in [16, 64] (64 for DeepSeek-V3.2) */
+  int32_t head_dim;    /* multiple of 16 in [16, 256] (128 for DeepSeek-V3.2) */
+} dsmla_indexer_options;
+
+typedef struct {
+  size_t struct_size;          /* sizeof(dsmla_index_inputs) */
+  const void* index_q;         /* [T, num_heads, head_dim] e4m3 codes */
+  const float* index_weights;  /* [T, num_heads] fp32, q scales and head_dim^-0.5 * num_heads^-0.5 folded in */
+  const void* index_k;         /* [T, head_dim] bf16 keys of the new tokens */
+  void* index_cache;           /* [num_blocks, block_size, head_dim + 4] uint8, same blocks as kv_cache */
+  int32_t* topk_indices_out;   /* [T, topk], may be NULL: the indices used (dense / padding rows -1) */
+} dsmla_index_inputs;
+
 const char* dsmla_last_error(void);
 const char* dsmla_version(void);
 void dsmla_default_options(dsmla_options* options);
@@ -74,11 +93,18 @@ int dsmla_cache_bytes_per_token(int32_t cache_format);
 int dsmla_cuda_available(void);
 
 int dsmla_create(dsmla_backend backend, const dsmla_options* options, dsmla_attention** out);
+/* Same as dsmla_create, with the lightning indexer: dsmla_run_with_indexer then
+ * writes the index cache and selects the top-k itself (inputs->topk_indices must be NULL). */
+int dsmla_create_with_indexer(dsmla_backend backend, const dsmla_options* options,
+                              const dsmla_indexer_options* indexer, dsmla_attention** out);
 void dsmla_destroy(dsmla_attention* handle);
 /* Plans a batch (reused if identical to the last); writes the workspace size. */
 int dsmla_plan(dsmla_attention* handle, const dsmla_batch* batch, size_t* workspace_bytes);
 /* Runs the planned batch. cuda_stream is a cudaStream_t (NULL = default stream). */
 int dsmla_run(dsmla_attention* handle, const dsmla_inputs* inputs, void* workspace, void* cuda_stream);
+/* dsmla_run for a handle made by dsmla_create_with_indexer. */
+int dsmla_run_with_indexer(dsmla_attention* handle, const dsmla_inputs* inputs, const dsmla_index_inputs* index_inputs,
+                           void* workspace, void* cuda_stream);
 /* The current plan as JSON; the string lives until the next call on this handle. */
 int dsmla_plan_json(dsmla_attention* handle, const char** json);
 

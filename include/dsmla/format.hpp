@@ -48,6 +48,42 @@ void read_cache_token(CacheFormat fmt, std::span<const std::uint8_t> src, float*
                       float k_scale);
 
 // fp8_ds_mla tile scale for a tile whose max |value| is amax: max(amax / 448, FLT_MIN).
+// The index cache (below) scales its keys the same way.
 float ds_mla_tile_scale(float amax);
+
+// ---------------------------------------------------------------- index cache (DESIGN §6)
+// The lightning indexer's key cache, paged like the latent cache (same block
+// table, same slots): a tensor [num_blocks, block_size, head_dim + 4] bytes in
+// the layout vLLM writes and DeepGEMM's paged MQA-logits kernel reads. Within
+// a block, the block_size x head_dim e4m3 codes come first (row j at byte
+// j * head_dim), then the block_size fp32 scales (row j at byte
+// block_size * head_dim + 4 * j): so the "token" of dimension 2 is not the
+// bytes of one token, only the size per token.
+constexpr int index_cache_token_bytes(int head_dim) { return head_dim + 4; }
+
+// Byte offsets of slot `slot`'s codes and scale inside the index cache.
+constexpr std::size_t index_code_offset(std::int64_t slot, int block_size, int head_dim) {
+  const auto block = static_cast<std::size_t>(slot / block_size), row = static_cast<std::size_t>(slot % block_size);
+  return block * static_cast<std::size_t>(block_size) * static_cast<std::size_t>(index_cache_token_bytes(head_dim)) +
+         row * static_cast<std::size_t>(head_dim);
+}
+constexpr std::size_t index_scale_offset(std::int64_t slot, int block_size, int head_dim) {
+  const auto block = static_cast<std::size_t>(slot / block_size), row = static_cast<std::size_t>(slot % block_size);
+  return (block * static_cast<std::size_t>(index_cache_token_bytes(head_dim)) + static_cast<std::size_t>(head_dim)) *
+             static_cast<std::size_t>(block_size) +
+         4 * row;
+}
+
+// Stores the bf16 key `key` (head_dim values) of a new token at `slot`: codes
+// e4m3(k / s) (round to nearest even, true division), s = ds_mla_tile_scale(amax |k|).
+void write_index_key(std::uint8_t* index_cache, std::int64_t slot, int block_size, int head_dim,
+                     const std::uint16_t* key);
+
+// The stored key at `slot`: its head_dim codes (as bytes) and its scale.
+struct IndexKeyView {
+  const std::uint8_t* codes = nullptr;
+  float scale = 0;
+};
+IndexKeyView read_index_key(const std::uint8_t* index_cache, std::int64_t slot, int block_size, int head_dim);
 
 }  // namespace dsmla

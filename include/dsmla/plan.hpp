@@ -43,6 +43,24 @@ struct PlanOptions {
   int decode_threshold = 1;            // query_len <= this is a decode
   RoutingPolicy policy = RoutingPolicy::per_request;
   double dense_cost_factor = 1.0;      // multiplies the dense FLOP count (kernel efficiency)
+
+  // Lightning indexer (DESIGN §6). Off: the caller brings ForwardInputs::topk_indices.
+  // On: run() writes the index cache and selects the top-k of the sparse tokens itself
+  // from the index inputs of ForwardInputs (topk_indices must then be null).
+  bool indexer = false;
+  int index_num_heads = 64;   // multiple of 16 in [16, kMaxIndexHeads] (64 for DeepSeek-V3.2)
+  int index_head_dim = 128;   // multiple of 16 in [16, kMaxIndexHeadDim] (128 for DeepSeek-V3.2)
+};
+
+inline constexpr int kMaxIndexHeads = 64;
+inline constexpr int kMaxIndexHeadDim = 256;
+
+// One row of indexer work (a sparse token at position >= topk): its candidates
+// are positions 0..pos of its request.
+struct IndexerRow {
+  std::int32_t token = 0;
+  std::int32_t request = 0;
+  std::int32_t pos = 0;
 };
 
 // One prefill request that takes the dense MHA path.
@@ -94,6 +112,15 @@ struct Plan {
   std::int32_t max_dense_q_len = 0;
   std::int64_t padding_tokens = 0;
 
+  // Lightning indexer (options.indexer only; empty otherwise). Only sparse tokens need
+  // a selection; one at a position below topk selects every position 0..pos, which
+  // needs no logits, so only the tokens at position >= topk become indexer rows.
+  // Dense-routed and padding tokens select nothing (their rows of indices are -1).
+  std::vector<IndexerRow> indexer_rows;        // ascending token
+  std::vector<std::int32_t> full_set_tokens;   // sparse tokens at position < topk, ascending
+  std::int32_t max_indexer_pos = 0;            // largest pos of indexer_rows (0 when none)
+  double indexer_flops = 0;                    // 2 * heads * head_dim * candidates, summed over the rows
+
   // Workspace of the CUDA backend's run(), caller-provided. Index metadata that only
   // changes with the plan (token lists, dense requests) is uploaded by the backend
   // when it sees a new plan and is not part of this workspace.
@@ -102,6 +129,9 @@ struct Plan {
   WorkspaceRegion ws_sparse_slots;  // [n_sparse, topk] int32 global slots, then [n_sparse] int32 valid counts
   WorkspaceRegion ws_dense_latent;  // [dense_kv_rows, 576] bf16: gathered [kv_c | k_pe]
   WorkspaceRegion ws_dense_kv;      // [dense_kv_rows, H, 256] bf16: up-projected [k_nope | v]
+  // options.indexer only: [T, topk] int32, the request-local indices run() selects (when
+  // ForwardInputs::topk_indices_out is null; otherwise they go there).
+  WorkspaceRegion ws_index_topk;
   std::size_t workspace_bytes = 0;
 
   std::uint64_t id = 0;  // distinct for every plan a Planner computed (not for reuses)

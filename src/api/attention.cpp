@@ -34,6 +34,19 @@ void check_scale(const char* name, float value, double lo, double hi) {
                 ", " + number_text(hi) + "]");
 }
 
+// The top-k source is unambiguous: the indexer's inputs with PlanOptions::indexer,
+// the caller's topk_indices without. Inputs of the other kind would be ignored
+// silently, so they are refused.
+void check_index_input_presence(const Plan& p, const ForwardInputs& in) {
+  const bool any_index_input = in.index_q || in.index_weights || in.index_k || in.index_cache || in.topk_indices_out;
+  if (p.options.indexer && in.topk_indices != nullptr)
+    throw Error("Attention::run: topk_indices is given, but the plan runs the indexer (PlanOptions::indexer), "
+                "which selects the indices itself; pass one or the other");
+  if (!p.options.indexer && any_index_input)
+    throw Error("Attention::run: indexer inputs (index_q, index_weights, index_k, index_cache or topk_indices_out) "
+                "are given, but the plan was made without PlanOptions::indexer");
+}
+
 }  // namespace
 
 void check_scales(float softmax_scale, float k_scale, float q_scale, CacheFormat format) {
@@ -94,13 +107,14 @@ void Attention::run(const ForwardInputs& inputs, void* workspace, void* cuda_str
   if (needed > 0 && workspace == nullptr)
     throw Error("Attention::run: workspace is null, the plan needs " + std::to_string(needed) + " bytes");
   check_scales(inputs.softmax_scale, inputs.k_scale, inputs.q_scale, p.options.cache_format);
+  check_index_input_presence(p, inputs);
   impl_->run(p, inputs, workspace, cuda_stream);
 }
 
 void Attention::run_checked(const ForwardInputs& inputs, const std::int32_t* host_topk_indices,
                             void* workspace, void* cuda_stream) {
   const Plan& p = current_plan();
-  if (!p.sparse_tokens.empty()) {
+  if (!p.sparse_tokens.empty() && !p.options.indexer) {
     if (host_topk_indices == nullptr)
       throw Error("Attention::run_checked: host_topk_indices is null but " +
                   std::to_string(p.sparse_tokens.size()) + " tokens take the sparse path");

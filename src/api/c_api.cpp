@@ -92,6 +92,112 @@ dsmla_attention& require_planned(dsmla_attention* handle) {
   return h;
 }
 
+// The first field of the versioned structs: at least the size of the first version
+// (all fields of 0.2), at most what this library knows.
+void require_struct_size(std::size_t given, std::size_t known, const char* name) {
+  if (given != known)
+    throw dsmla::Error(std::string(name) + " is " + std::to_string(given) + ", this library knows size " +
+                       std::to_string(known) + " (set it to sizeof the struct)");
+}
+
+// dsmla_create / dsmla_create_with_indexer (indexer may be null).
+void create_handle(dsmla_backend backend, const dsmla_options* options, const dsmla_indexer_options* indexer,
+                   dsmla_attention** out) {
+  require_non_null(out, "out");
+  *out = nullptr;
+  require_non_null(options, "options");
+  dsmla::PlanOptions plan_options = to_plan_options(*options);
+  if (indexer != nullptr) {
+    require_struct_size(indexer->struct_size, sizeof(dsmla_indexer_options), "indexer->struct_size");
+    plan_options.indexer = true;
+    plan_options.index_num_heads = indexer->num_heads;
+    plan_options.index_head_dim = indexer->head_dim;
+  }
+  // C callers may pass any int; reading it as the C++ enum would be undefined
+  // for values outside the enumerators, so look at the bytes instead.
+  static_assert(sizeof(dsmla_backend) == sizeof(int));
+  int backend_value = 0;
+  std::memcpy(&backend_value, &backend, sizeof backend_value);
+  dsmla::BackendKind kind;
+  switch (backend_value) {
+    case DSMLA_BACKEND_CPU: kind = dsmla::BackendKind::cpu; break;
+    case DSMLA_BACKEND_CUDA:
+      if (!dsmla::cuda_backend_compiled())
+        throw UnsupportedError("the CUDA backend is not compiled into this build of dsmla");
+      if (!dsmla::cuda_backend_available()) throw UnsupportedError("the CUDA backend finds no usable GPU");
+      kind = dsmla::BackendKind::cuda;
+      break;
+    default: throw dsmla::Error("backend " + std::to_string(backend_value) + " is not a dsmla_backend");
+  }
+  auto handle = std::make_unique<dsmla_attention>();
+  handle->attention = std::make_unique<dsmla::Attention>(kind, plan_options);
+  *out = handle.release();
+}
+
+// dsmla_run / dsmla_run_with_indexer (index_inputs may be null).
+void run_handle(dsmla_attention* handle, const dsmla_inputs* inputs, const dsmla_index_inputs* index_inputs,
+                void* workspace, void* cuda_stream) {
+  dsmla_attention& h = require_planned(handle);
+  require_non_null(inputs, "inputs");
+  const dsmla::Plan& plan = h.attention->current_plan();
+  if (plan.options.indexer && index_inputs == nullptr)
+    throw dsmla::Error("the handle runs the indexer (dsmla_create_with_indexer): call dsmla_run_with_indexer");
+  if (!plan.options.indexer && index_inputs != nullptr)
+    throw dsmla::Error("index_inputs given, but the handle was made without the indexer (dsmla_create)");
+  const dsmla_inputs& in = *inputs;
+  const std::int64_t T = plan.num_tokens, R = plan.num_requests;
+  require_data(in.q, T, "inputs.q");
+  require_data(in.kv_c, T, "inputs.kv_c");
+  require_data(in.k_pe, T, "inputs.k_pe");
+  require_non_null(in.w_kv_b, "inputs.w_kv_b");
+  require_data(in.kv_cache, plan.num_cache_slots, "inputs.kv_cache");
+  require_data(in.block_table, R, "inputs.block_table");
+  require_data(in.seq_lens, R, "inputs.seq_lens");
+  require_non_null(in.query_start_loc, "inputs.query_start_loc");
+  require_data(in.slot_mapping, T, "inputs.slot_mapping");
+  require_data(in.out, T, "inputs.out");
+  require_data(in.lse, T, "inputs.lse");
+  if (!plan.options.indexer)
+    require_data(in.topk_indices, static_cast<std::int64_t>(plan.num_sparse_tokens()),
+                 "inputs.topk_indices (needed by the tokens on the sparse path)");
+  if (workspace == nullptr && h.attention->workspace_bytes() > 0)
+    throw dsmla::Error("workspace is NULL but the plan needs " + std::to_string(h.attention->workspace_bytes()) +
+                       " bytes");
+
+  dsmla::ForwardInputs f;
+  f.q = static_cast<const std::uint16_t*>(in.q);
+  f.kv_c = static_cast<const std::uint16_t*>(in.kv_c);
+  f.k_pe = static_cast<const std::uint16_t*>(in.k_pe);
+  f.w_kv_b = static_cast<const std::uint16_t*>(in.w_kv_b);
+  f.kv_cache = static_cast<std::uint8_t*>(in.kv_cache);
+  f.block_table = in.block_table;
+  f.seq_lens = in.seq_lens;
+  f.query_start_loc = in.query_start_loc;
+  f.slot_mapping = in.slot_mapping;
+  f.topk_indices = in.topk_indices;
+  f.out = static_cast<std::uint16_t*>(in.out);
+  f.lse = in.lse;
+  f.softmax_scale = in.softmax_scale;
+  f.k_scale = in.k_scale;
+  f.q_scale = in.q_scale;
+  if (index_inputs != nullptr) {
+    const dsmla_index_inputs& x = *index_inputs;
+    require_struct_size(x.struct_size, sizeof(dsmla_index_inputs), "index_inputs->struct_size");
+    f.index_q = static_cast<const std::uint8_t*>(x.index_q);
+    f.index_weights = x.index_weights;
+    f.index_k = static_cast<const std::uint16_t*>(x.index_k);
+    f.index_cache = static_cast<std::uint8_t*>(x.index_cache);
+    f.topk_indices_out = x.topk_indices_out;
+  }
+  // CPU pointers are host memory: check every top-k index and name the bad
+  // one. CUDA pointers are device memory the host cannot read; the kernels
+  // never read outside the cache whatever the indices.
+  if (h.attention->backend() == dsmla::BackendKind::cpu)
+    h.attention->run_checked(f, in.topk_indices, workspace, cuda_stream);
+  else
+    h.attention->run(f, workspace, cuda_stream);
+}
+
 }  // namespace
 
 extern "C" {
@@ -130,30 +236,14 @@ int dsmla_cuda_available(void) {
 }
 
 int dsmla_create(dsmla_backend backend, const dsmla_options* options, dsmla_attention** out) {
-  return guarded("dsmla_create", [&] {
-    require_non_null(out, "out");
-    *out = nullptr;
-    require_non_null(options, "options");
-    const dsmla::PlanOptions plan_options = to_plan_options(*options);
-    // C callers may pass any int; reading it as the C++ enum would be undefined
-    // for values outside the enumerators, so look at the bytes instead.
-    static_assert(sizeof(dsmla_backend) == sizeof(int));
-    int backend_value = 0;
-    std::memcpy(&backend_value, &backend, sizeof backend_value);
-    dsmla::BackendKind kind;
-    switch (backend_value) {
-      case DSMLA_BACKEND_CPU: kind = dsmla::BackendKind::cpu; break;
-      case DSMLA_BACKEND_CUDA:
-        if (!dsmla::cuda_backend_compiled())
-          throw UnsupportedError("the CUDA backend is not compiled into this build of dsmla");
-        if (!dsmla::cuda_backend_available()) throw UnsupportedError("the CUDA backend finds no usable GPU");
-        kind = dsmla::BackendKind::cuda;
-        break;
-      default: throw dsmla::Error("backend " + std::to_string(backend_value) + " is not a dsmla_backend");
-    }
-    auto handle = std::make_unique<dsmla_attention>();
-    handle->attention = std::make_unique<dsmla::Attention>(kind, plan_options);
-    *out = handle.release();
+  return guarded("dsmla_create", [&] { create_handle(backend, options, nullptr, out); });
+}
+
+int dsmla_create_with_indexer(dsmla_backend backend, const dsmla_options* options,
+                              const dsmla_indexer_options* indexer, dsmla_attention** out) {
+  return guarded("dsmla_create_with_indexer", [&] {
+    require_non_null(indexer, "indexer");
+    create_handle(backend, options, indexer, out);
   });
 }
 
@@ -200,52 +290,14 @@ int dsmla_plan(dsmla_attention* handle, const dsmla_batch* batch, size_t* worksp
 }
 
 int dsmla_run(dsmla_attention* handle, const dsmla_inputs* inputs, void* workspace, void* cuda_stream) {
-  return guarded("dsmla_run", [&] {
-    dsmla_attention& h = require_planned(handle);
-    require_non_null(inputs, "inputs");
-    const dsmla::Plan& plan = h.attention->current_plan();
-    const dsmla_inputs& in = *inputs;
-    const std::int64_t T = plan.num_tokens, R = plan.num_requests;
-    require_data(in.q, T, "inputs.q");
-    require_data(in.kv_c, T, "inputs.kv_c");
-    require_data(in.k_pe, T, "inputs.k_pe");
-    require_non_null(in.w_kv_b, "inputs.w_kv_b");
-    require_data(in.kv_cache, plan.num_cache_slots, "inputs.kv_cache");
-    require_data(in.block_table, R, "inputs.block_table");
-    require_data(in.seq_lens, R, "inputs.seq_lens");
-    require_non_null(in.query_start_loc, "inputs.query_start_loc");
-    require_data(in.slot_mapping, T, "inputs.slot_mapping");
-    require_data(in.out, T, "inputs.out");
-    require_data(in.lse, T, "inputs.lse");
-    require_data(in.topk_indices, static_cast<std::int64_t>(plan.num_sparse_tokens()),
-                 "inputs.topk_indices (needed by the tokens on the sparse path)");
-    if (workspace == nullptr && h.attention->workspace_bytes() > 0)
-      throw dsmla::Error("workspace is NULL but the plan needs " + std::to_string(h.attention->workspace_bytes()) +
-                         " bytes");
+  return guarded("dsmla_run", [&] { run_handle(handle, inputs, nullptr, workspace, cuda_stream); });
+}
 
-    dsmla::ForwardInputs f;
-    f.q = static_cast<const std::uint16_t*>(in.q);
-    f.kv_c = static_cast<const std::uint16_t*>(in.kv_c);
-    f.k_pe = static_cast<const std::uint16_t*>(in.k_pe);
-    f.w_kv_b = static_cast<const std::uint16_t*>(in.w_kv_b);
-    f.kv_cache = static_cast<std::uint8_t*>(in.kv_cache);
-    f.block_table = in.block_table;
-    f.seq_lens = in.seq_lens;
-    f.query_start_loc = in.query_start_loc;
-    f.slot_mapping = in.slot_mapping;
-    f.topk_indices = in.topk_indices;
-    f.out = static_cast<std::uint16_t*>(in.out);
-    f.lse = in.lse;
-    f.softmax_scale = in.softmax_scale;
-    f.k_scale = in.k_scale;
-    f.q_scale = in.q_scale;
-    // CPU pointers are host memory: check every top-k index and name the bad
-    // one. CUDA pointers are device memory the host cannot read; the kernels
-    // never read outside the cache whatever the indices.
-    if (h.attention->backend() == dsmla::BackendKind::cpu)
-      h.attention->run_checked(f, in.topk_indices, workspace, cuda_stream);
-    else
-      h.attention->run(f, workspace, cuda_stream);
+int dsmla_run_with_indexer(dsmla_attention* handle, const dsmla_inputs* inputs, const dsmla_index_inputs* index_inputs,
+                           void* workspace, void* cuda_stream) {
+  return guarded("dsmla_run_with_indexer", [&] {
+    require_non_null(index_inputs, "index_inputs");
+    run_handle(handle, inputs, index_inputs, workspace, cuda_stream);
   });
 }
 

@@ -4,6 +4,8 @@
 //
 // One run():
 //   1. cache write: every token with slot != -1 stores [kv_c | k_pe] in the cache format;
+//      with PlanOptions::indexer also the index cache, then the top-k of every sparse
+//      token is selected (cpu/indexer.hpp) after the indexer inputs were checked;
 //   2. w_kv_b is converted once to Real;
 //   3. sparse path (decode + sparse prefill rows): top-k positions -> global slots
 //      (convert_topk_to_slots, which also rejects any bad index), every distinct slot
@@ -46,6 +48,7 @@
 #include <vector>
 
 #include "api/backend_impl.hpp"
+#include "cpu/indexer.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/parallel.hpp"
 #include "dsmla/format.hpp"
@@ -127,7 +130,7 @@ void check_inputs(const Plan& plan, const ForwardInputs& in) {
   require(!has_request_rows || in.kv_cache, "ForwardInputs.kv_cache is null", plan);
   require(plan.num_requests == 0 || (in.block_table && in.seq_lens && in.query_start_loc),
           "ForwardInputs.block_table, seq_lens or query_start_loc is null", plan);
-  require(plan.sparse_tokens.empty() || in.topk_indices,
+  require(plan.sparse_tokens.empty() || plan.options.indexer || in.topk_indices,
           "ForwardInputs.topk_indices is null but the plan has sparse tokens", plan);
   if (!(in.softmax_scale > 0) || !std::isfinite(in.softmax_scale))
     throw Error("CPU backend: softmax_scale " + std::to_string(in.softmax_scale) +
@@ -151,14 +154,28 @@ class Forward {
 
   void run() {
     check_inputs(plan_, in_);
-    // Top-k positions -> global slots first: a bad index (token and column named)
-    // throws before anything is written.
+    const BatchDesc batch = batch_of(plan_, in_);
+    const std::size_t n = static_cast<std::size_t>(plan_.num_tokens) * static_cast<std::size_t>(plan_.options.topk);
+    // Top-k positions -> global slots before anything is written, so that a bad index
+    // (token and column named) leaves every output untouched. With the indexer the
+    // positions are computed here and valid by construction; its inputs are checked first.
     std::vector<std::int32_t> slots;
-    if (!plan_.sparse_tokens.empty()) {
-      const std::size_t n = static_cast<std::size_t>(plan_.num_tokens) * static_cast<std::size_t>(plan_.options.topk);
-      slots = convert_topk_to_slots(plan_, batch_of(plan_, in_), {in_.topk_indices, n});
+    if (plan_.options.indexer) {
+      validate_index_inputs(plan_, batch, in_);
+      write_cache();
+      cpu::write_index_cache(plan_, in_);
+      std::vector<std::int32_t> own_topk;
+      std::int32_t* topk = in_.topk_indices_out;
+      if (topk == nullptr) {
+        own_topk.resize(n);
+        topk = own_topk.data();
+      }
+      cpu::select_topk<Real>(plan_, in_, threads_, topk);
+      if (!plan_.sparse_tokens.empty()) slots = convert_topk_to_slots(plan_, batch, {topk, n});
+    } else {
+      if (!plan_.sparse_tokens.empty()) slots = convert_topk_to_slots(plan_, batch, {in_.topk_indices, n});
+      write_cache();
     }
-    write_cache();
     for (std::int64_t t = 0; t < plan_.num_tokens; ++t)
       if (plan_.token_path[t] == TokenPath::padding) write_zero_rows(in_, heads_, t, 0, heads_);
     if (plan_.sparse_tokens.empty() && plan_.dense_requests.empty()) return;
@@ -434,6 +451,7 @@ class CpuBackend final : public BackendImpl {
     for (const RequestRoute& route : plan.routes)
       if (route.q_len > 0) flops += route.path == TokenPath::dense ? route.dense_flops : route.sparse_flops;
     flops *= plan.options.num_heads;
+    flops += plan.indexer_flops;
     if (flops > kCpuMaxFlops) {
       char text[160];
       std::snprintf(text, sizeof text, "CPU backend: the batch needs about %.3g FLOPs (cost model), over the limit of %.3g",

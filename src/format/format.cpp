@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 #include <string>
 
 #include "format/token_codec.hpp"
@@ -103,6 +104,25 @@ std::uint8_t float_to_e4m3(float x) {
 float ds_mla_tile_scale(float amax) {
   // fmax (not std::max) so that a NaN amax gives FLT_MIN, as the GPU's fmaxf does.
   return std::fmax(amax / 448.0f, FLT_MIN);
+}
+
+void write_index_key(std::uint8_t* index_cache, std::int64_t slot, int block_size, int head_dim,
+                     const std::uint16_t* key) {
+  std::vector<float> values(static_cast<std::size_t>(head_dim));
+  format_detail::bf16_to_float_n(key, values.data(), head_dim);
+  // As for the fp8_ds_mla tiles: fmax skips NaN, an infinity makes every finite code 0.
+  float amax = 0.0f;
+  for (float v : values) amax = std::fmax(amax, std::fabs(v));
+  const float scale = ds_mla_tile_scale(amax);
+  quantize_e4m3_n(values.data(), scale, index_cache + index_code_offset(slot, block_size, head_dim), head_dim);
+  std::memcpy(index_cache + index_scale_offset(slot, block_size, head_dim), &scale, sizeof scale);
+}
+
+IndexKeyView read_index_key(const std::uint8_t* index_cache, std::int64_t slot, int block_size, int head_dim) {
+  IndexKeyView view;
+  view.codes = index_cache + index_code_offset(slot, block_size, head_dim);
+  std::memcpy(&view.scale, index_cache + index_scale_offset(slot, block_size, head_dim), sizeof view.scale);
+  return view;
 }
 
 void write_cache_token(CacheFormat fmt, std::span<std::uint8_t> dst,

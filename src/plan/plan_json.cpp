@@ -69,7 +69,10 @@ std::string Plan::to_json() const {
         {"topk", options.topk},
         {"decode_threshold", options.decode_threshold},
         {"policy", to_string(options.policy)},
-        {"dense_cost_factor", options.dense_cost_factor}}},
+        {"dense_cost_factor", options.dense_cost_factor},
+        {"indexer", options.indexer},
+        {"index_num_heads", options.index_num_heads},
+        {"index_head_dim", options.index_head_dim}}},
       {"num_tokens", num_tokens},
       {"num_requests", num_requests},
       {"block_size", block_size},
@@ -83,13 +86,19 @@ std::string Plan::to_json() const {
       {"dense_query_rows", dense_query_rows},
       {"max_dense_seq_len", max_dense_seq_len},
       {"max_dense_q_len", max_dense_q_len},
+      {"indexer",
+       {{"rows", indexer_rows.size()},
+        {"full_set_tokens", full_set_tokens.size()},
+        {"max_pos", max_indexer_pos},
+        {"flops", indexer_flops}}},
       {"workspace",
        {{"bytes", workspace_bytes},
         {"sparse_q", region_json(ws_sparse_q)},
         {"sparse_o", region_json(ws_sparse_o)},
         {"sparse_slots", region_json(ws_sparse_slots)},
         {"dense_latent", region_json(ws_dense_latent)},
-        {"dense_kv", region_json(ws_dense_kv)}}}};
+        {"dense_kv", region_json(ws_dense_kv)},
+        {"index_topk", region_json(ws_index_topk)}}}};
   return json.dump(2);
 }
 

@@ -60,6 +60,12 @@ void check_options(const PlanOptions& o) {
     fail("unknown routing policy ", static_cast<int>(o.policy));
   if (!(o.dense_cost_factor > 0) || !std::isfinite(o.dense_cost_factor))
     fail("dense_cost_factor ", o.dense_cost_factor, " is not a finite value > 0");
+  if (o.indexer) {
+    if (o.index_num_heads < 16 || o.index_num_heads > kMaxIndexHeads || o.index_num_heads % 16 != 0)
+      fail("index_num_heads ", o.index_num_heads, " is not a multiple of 16 in [16, ", kMaxIndexHeads, "]");
+    if (o.index_head_dim < 16 || o.index_head_dim > kMaxIndexHeadDim || o.index_head_dim % 16 != 0)
+      fail("index_head_dim ", o.index_head_dim, " is not a multiple of 16 in [16, ", kMaxIndexHeadDim, "]");
+  }
 }
 
 void check_scalars(const BatchDesc& b) {
@@ -266,6 +272,8 @@ void layout_workspace(Plan& plan) {
   place(plan.ws_sparse_slots, checked_product({n_sparse, topk + 1, kInt32}));  // slots, then counts
   place(plan.ws_dense_latent, checked_product({kv_rows, kLatentKeyDim, kBf16}));
   place(plan.ws_dense_kv, checked_product({kv_rows, heads, kKvBRowsPerHead, kBf16}));
+  if (plan.options.indexer)
+    place(plan.ws_index_topk, checked_product({static_cast<std::size_t>(plan.num_tokens), topk, kInt32}));
   plan.workspace_bytes = end;
 }
 
@@ -303,6 +311,23 @@ void assign_rows(Plan& plan, const BatchDesc& b) {
   plan.padding_tokens = T - b.query_start_loc[plan.num_requests];
 }
 
+// DESIGN §6: of the sparse tokens, those at position >= topk need logits and a
+// selection (indexer rows); the others select all of 0..pos.
+void assign_indexer_rows(Plan& plan) {
+  if (!plan.options.indexer) return;
+  const double flops_per_candidate = 2.0 * plan.options.index_num_heads * plan.options.index_head_dim;
+  for (const std::int32_t t : plan.sparse_tokens) {
+    const std::int32_t pos = plan.token_position[t];
+    if (pos < plan.options.topk) {
+      plan.full_set_tokens.push_back(t);
+      continue;
+    }
+    plan.indexer_rows.push_back({.token = t, .request = plan.token_request[t], .pos = pos});
+    plan.max_indexer_pos = std::max(plan.max_indexer_pos, pos);
+    plan.indexer_flops += flops_per_candidate * (static_cast<double>(pos) + 1);
+  }
+}
+
 // Everything plan() depends on, in a fixed order with the lengths of the
 // variable parts, so that equal keys mean equal inputs.
 std::vector<std::int64_t> planner_key(const BatchDesc& b, const PlanOptions& o) {
@@ -311,7 +336,8 @@ std::vector<std::int64_t> planner_key(const BatchDesc& b, const PlanOptions& o) 
               b.slot_mapping.size());
   key.insert(key.end(), {o.num_heads, static_cast<std::int64_t>(o.cache_format), o.topk,
                          o.decode_threshold, static_cast<std::int64_t>(o.policy),
-                         std::bit_cast<std::int64_t>(o.dense_cost_factor),
+                         std::bit_cast<std::int64_t>(o.dense_cost_factor), o.indexer ? 1 : 0,
+                         o.index_num_heads, o.index_head_dim,
                          b.max_blocks_per_request, b.num_tokens, b.num_cache_blocks, b.block_size});
   auto append = [&key](auto values) {
     key.push_back(static_cast<std::int64_t>(values.size()));
@@ -339,6 +365,7 @@ Plan make_plan(const BatchDesc& batch, const PlanOptions& options) {
   plan.num_cache_slots = batch.num_cache_blocks * batch.block_size;
   plan.routes = route_requests(batch, options);
   assign_rows(plan, batch);
+  assign_indexer_rows(plan);
   layout_workspace(plan);
   return plan;
 }

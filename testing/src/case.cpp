@@ -19,18 +19,14 @@
 #include "common/checked_math.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/testing/safetensors.hpp"
+#include "case_index.hpp"
 
 namespace dsmla {
 
 namespace {
 
-std::string str(std::int64_t v) { return std::to_string(v); }
-
-void check_size(const char* name, std::size_t have, std::int64_t want, const std::string& shape) {
-  if (static_cast<std::int64_t>(have) != want)
-    throw Error("case tensor '" + std::string(name) + "' has " + str(static_cast<std::int64_t>(have)) +
-                " elements, expected " + str(want) + " (" + shape + ")");
-}
+using case_detail::check_size;
+using case_detail::str;
 
 }  // namespace
 
@@ -45,10 +41,13 @@ PlanOptions Case::plan_options() const {
   o.topk = topk;
   o.decode_threshold = decode_threshold;
   o.policy = policy;
+  o.indexer = indexer;
+  o.index_num_heads = index_num_heads;
+  o.index_head_dim = index_head_dim;
   return o;
 }
 
-ForwardInputs Case::inputs(std::uint16_t* out, float* lse) {
+ForwardInputs Case::inputs(std::uint16_t* out, float* lse, std::int32_t* topk_out) {
   ForwardInputs in;
   in.q = q.data();
   in.kv_c = kv_c.data();
@@ -65,6 +64,13 @@ ForwardInputs Case::inputs(std::uint16_t* out, float* lse) {
   in.softmax_scale = softmax_scale;
   in.k_scale = k_scale;
   in.q_scale = q_scale;
+  if (indexer) {
+    in.index_q = index_q.data();
+    in.index_weights = index_weights.data();
+    in.index_k = index_k.data();
+    in.index_cache = index_cache.data();
+    in.topk_indices_out = topk_out;
+  }
   return in;
 }
 
@@ -95,37 +101,14 @@ void Case::check_shapes() const {
   if (!topk_indices.empty())
     check_size("topk_indices", topk_indices.size(), product({T, topk}, "case tensor 'topk_indices'"),
                "[" + t + ", " + str(topk) + "]");
+  case_detail::check_index_shapes(*this);
 }
 
 // ---------------------------------------------------------------- synthetic cases
 
 namespace {
 
-class CaseRng {
- public:
-  explicit CaseRng(std::uint64_t seed) : gen_(seed) {}
-
-  // N(0, stddev) rounded to bf16, never exactly zero (a zero would hide
-  // kernels that skip work or read the wrong element).
-  std::uint16_t bf16_normal(float stddev) {
-    for (;;) {
-      const std::uint16_t bits = float_to_bf16(static_cast<float>(normal_(gen_)) * stddev);
-      if ((bits & 0x7fff) != 0) return bits;
-    }
-  }
-  void fill_bf16(std::vector<std::uint16_t>& v, float stddev) {
-    for (auto& x : v) x = bf16_normal(stddev);
-  }
-  // Uniform integer in [lo, hi].
-  std::int64_t uniform(std::int64_t lo, std::int64_t hi) {
-    return std::uniform_int_distribution<std::int64_t>(lo, hi)(gen_);
-  }
-  std::mt19937_64& engine() { return gen_; }
-
- private:
-  std::mt19937_64 gen_;
-  std::normal_distribution<double> normal_{0.0, 1.0};
-};
+using case_detail::CaseRng;
 
 // Writes `count` distinct positions of [0, n) into dst, in random order
 // (partial Fisher-Yates over `scratch`).
@@ -247,7 +230,9 @@ Case make_synthetic_case(const SyntheticSpec& spec) {
     }
   }
 
-  if (spec.with_topk) {
+  if (spec.with_indexer) {
+    case_detail::fill_synthetic_index_inputs(c, spec, rng);
+  } else if (spec.with_topk) {
     c.topk_indices.assign(static_cast<std::size_t>(T * spec.topk), -1);  // padding rows stay empty
     std::vector<std::int32_t> scratch;
     for (std::size_t r = 0; r < R; ++r) {
@@ -371,21 +356,8 @@ std::string float_text(float v) {
   return std::string(buf, end);
 }
 
-template <class T>
-void copy_tensor(const io::Tensor& t, std::vector<T>& dst) {
-  const auto src = t.as<T>();
-  dst.assign(src.begin(), src.end());
-}
-
-template <class T>
-io::Tensor make_tensor(DType dtype, std::vector<std::int64_t> shape, const std::vector<T>& values) {
-  io::Tensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.data.resize(values.size() * sizeof(T));
-  if (!values.empty()) std::memcpy(t.data.data(), values.data(), t.data.size());
-  return t;
-}
+using case_detail::copy_tensor;
+using case_detail::make_tensor;
 
 // The Case in a parsed case file; Error naming the tensor or metadata key otherwise.
 Case case_from_file(const io::File& f) {
@@ -487,6 +459,7 @@ Case case_from_file(const io::File& f) {
   copy_tensor(qsl, c.query_start_loc);
   copy_tensor(slots, c.slot_mapping);
   if (topk) copy_tensor(*topk, c.topk_indices);
+  case_detail::read_index_inputs(f, c);
   c.check_shapes();
   return c;
 }
@@ -527,6 +500,7 @@ void save_case(const std::string& path, const Case& c) {
   f.tensors["query_start_loc"] = make_tensor(DType::I32, {R + 1}, c.query_start_loc);
   f.tensors["slot_mapping"] = make_tensor(DType::I64, {T}, c.slot_mapping);
   if (!c.topk_indices.empty()) f.tensors["topk_indices"] = make_tensor(DType::I32, {T, c.topk}, c.topk_indices);
+  case_detail::write_index_inputs(f, c);
   f.metadata[kMetaScale] = float_text(c.softmax_scale);
   f.metadata[kMetaTopk] = str(c.topk);
   f.metadata[kMetaCacheFormat] = std::string(to_string(c.cache_format));

@@ -159,6 +159,22 @@ void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream) {
   check_launch("scatter_rows_kernel");
 }
 
+__global__ void __launch_bounds__(kMoveThreads) fill_topk_rows_kernel(TopkFillParams p) {
+  const std::int64_t total = std::int64_t{p.num_tokens} * p.topk;
+  for (std::int64_t idx = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int32_t count = p.fill_counts[idx / p.topk];
+    const auto column = static_cast<std::int32_t>(idx % p.topk);
+    if (count >= 0) p.topk_out[idx] = column < count ? column : -1;
+  }
+}
+
+void launch_fill_topk_rows(const TopkFillParams& p, cudaStream_t stream) {
+  if (p.num_tokens <= 0 || p.topk <= 0) return;
+  fill_topk_rows_kernel<<<move_blocks(std::int64_t{p.num_tokens} * p.topk), kMoveThreads, 0, stream>>>(p);
+  check_launch("fill_topk_rows_kernel");
+}
+
 void launch_fill_padding_rows(const PaddingRowsParams& p, cudaStream_t stream) {
   if (p.num_rows <= 0) return;
   fill_padding_rows_kernel<<<move_blocks(std::int64_t{p.num_rows} * p.num_heads * kVHeadDim / kVec),

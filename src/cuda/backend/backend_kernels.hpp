@@ -70,4 +70,17 @@ struct PaddingRowsParams {
 };
 void launch_fill_padding_rows(const PaddingRowsParams& p, cudaStream_t stream);
 
+// The rows of the indexer's top-k output that need no logits (DESIGN §6): for
+// every token t with fill_counts[t] >= 0, topk[t, j] = j < fill_counts[t] ? j : -1
+// (a sparse token at position p < topk selects 0..p: count p + 1; dense and
+// padding rows select nothing: count 0). Rows with fill_counts[t] = -1 are the
+// indexer's and are left alone.
+struct TopkFillParams {
+  const std::int32_t* fill_counts = nullptr;  // [num_tokens], uploaded at plan time
+  int num_tokens = 0;
+  int topk = 0;
+  std::int32_t* topk_out = nullptr;           // [num_tokens, topk]
+};
+void launch_fill_topk_rows(const TopkFillParams& p, cudaStream_t stream);
+
 }  // namespace dsmla::cuda

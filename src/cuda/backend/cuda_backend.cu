@@ -6,6 +6,11 @@
 // (so a decode step can be captured in a CUDA graph):
 //
 //   1. cache write of every new token (padding slots -1 skipped);
+//   1b. with PlanOptions::indexer (DESIGN §6): the index-cache write, then the top-k
+//       output (ForwardInputs::topk_indices_out, else ws_index_topk): rows that need no
+//       logits filled by launch_fill_topk_rows (0..pos for sparse tokens below topk, -1
+//       for dense and padding rows), the plan's indexer rows by launch_indexer_topk;
+//       the sparse path below then reads that output instead of topk_indices;
 //   2. padding rows: out = 0, lse = -inf;
 //   3. sparse path (decode + sparse prefill tokens):
 //        top-k -> compacted global slots + valid counts     (ws_sparse_slots)
@@ -25,10 +30,14 @@
 // after the sparse kernel has consumed it. When the sparse tokens form one
 // contiguous range, the GEMMs read q and write out in place through strides.
 //
-// Workspace: the regions of the plan (Plan::ws_*), then one region of the
+// Workspace: the regions of the plan (Plan::ws_*), then regions of the
 // backend's own, 256-byte aligned (see BackendRegions): the split-KV scratch of
 // the sparse kernel, whose size depends on the device's multiprocessor count
-// that the host-only planner cannot know.
+// that the host-only planner cannot know, and the indexer kernels' scratch.
+//
+// The indexer kernels (src/cuda/indexer/*.cu) are built when present
+// (DSMLA_HAVE_INDEXER_KERNELS, set by CMake); without them a plan with
+// PlanOptions::indexer is refused at on_plan() and the rest still links.
 //
 // The cuBLAS handle and its 32 MiB workspace are created at construction; the
 // workspace is re-attached on every run because cublasSetStream resets it,
@@ -50,6 +59,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
+#include "cuda/indexer/indexer.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 
 namespace dsmla {
@@ -90,6 +100,7 @@ void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
 // The backend's regions after the plan's layout; a size of 0 means unused.
 struct BackendRegions {
   WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes(n_sparse, H, topk)
+  WorkspaceRegion indexer;       // indexer_workspace_bytes(rows, max_pos, Hi, topk)
   std::size_t total_bytes = 0;   // the whole workspace run() needs
 };
 
@@ -104,6 +115,11 @@ BackendRegions backend_regions(const Plan& plan) {
   const std::size_t n = plan.sparse_tokens.size();
   if (n > 0)
     place(r.sparse_split, sparse_mla_workspace_bytes(static_cast<int>(n), plan.options.num_heads, plan.options.topk));
+#if DSMLA_HAVE_INDEXER_KERNELS
+  if (!plan.indexer_rows.empty())
+    place(r.indexer, indexer_workspace_bytes(static_cast<int>(plan.indexer_rows.size()), plan.max_indexer_pos,
+                                             plan.options.index_num_heads, plan.options.topk));
+#endif
   r.total_bytes = end;
   return r;
 }
@@ -131,6 +147,9 @@ class CudaBackend final : public BackendImpl {
   void check_inputs(const Plan& plan, const ForwardInputs& in, const void* workspace) const;
   void run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
   void run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
+  void run_indexer(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
+  // The top-k rows the sparse path reads: the caller's, or the indexer's output.
+  static const std::int32_t* sparse_topk(const Plan& plan, const ForwardInputs& in, void* workspace);
 
   PlanOptions options_;
   cublasHandle_t cublas_ = nullptr;
@@ -148,6 +167,8 @@ class CudaBackend final : public BackendImpl {
   DeviceBuffer<LatentRowSource> dense_rows_;  // [dense_kv_rows]
   DeviceBuffer<DenseMhaRequest> dense_requests_;
   DeviceBuffer<DenseMhaWorkItem> dense_work_;
+  DeviceBuffer<IndexerRow> indexer_rows_;      // = plan.indexer_rows
+  DeviceBuffer<std::int32_t> topk_fill_counts_;  // [T]: TopkFillParams::fill_counts
 };
 
 void CudaBackend::on_plan(const Plan& plan) {
@@ -193,6 +214,22 @@ void CudaBackend::on_plan(const Plan& plan) {
     throw Error("CUDA backend: plan.dense_kv_rows " + std::to_string(kv_rows) + " != sum of dense seq_lens " +
                 std::to_string(rows.size()));
 
+  std::vector<IndexerRow> indexer_rows;
+  std::vector<std::int32_t> fill_counts;
+  if (plan.options.indexer) {
+#if !DSMLA_HAVE_INDEXER_KERNELS
+    throw Error("CUDA backend: this build has no indexer kernels (src/cuda/indexer/*.cu), so a plan with "
+                "PlanOptions::indexer cannot run; pass topk_indices instead");
+#endif
+    if (plan.max_indexer_pos < 0) throw Error("CUDA backend: plan.max_indexer_pos < 0");
+    for (const dsmla::IndexerRow& r : plan.indexer_rows) indexer_rows.push_back({r.token, r.request, r.pos});
+    fill_counts.assign(static_cast<std::size_t>(plan.num_tokens), 0);
+    for (const std::int32_t t : plan.full_set_tokens) fill_counts[t] = plan.token_position[t] + 1;
+    for (const dsmla::IndexerRow& r : plan.indexer_rows) fill_counts[r.token] = -1;
+    require_region(plan.ws_index_topk, static_cast<std::size_t>(plan.num_tokens) * plan.options.topk * 4,
+                   "ws_index_topk");
+  }
+
   planned_ = false;  // stays false if an upload throws
   sparse_tokens_.upload(tokens);
   sparse_rows_.upload(plan.sparse_tokens);
@@ -200,6 +237,8 @@ void CudaBackend::on_plan(const Plan& plan) {
   dense_rows_.upload(rows);
   dense_requests_.upload(make_dense_mha_requests(plan.dense_requests));
   dense_work_.upload(make_dense_mha_schedule(plan.dense_requests));
+  indexer_rows_.upload(indexer_rows);
+  topk_fill_counts_.upload(fill_counts);
   sparse_contiguous_ = n_sparse > 0 && plan.sparse_tokens.back() - plan.sparse_tokens.front() + 1 ==
                                            static_cast<std::int32_t>(n_sparse);
   regions_ = backend_regions(plan);
@@ -229,7 +268,17 @@ void CudaBackend::check_inputs(const Plan& plan, const ForwardInputs& in, const 
   require_pointer(in.out, 16, "out");
   require_pointer(in.lse, 4, "lse");
   if (plan.num_requests > 0) require_pointer(in.block_table, 4, "block_table");
-  if (!plan.sparse_tokens.empty()) require_pointer(in.topk_indices, 4, "topk_indices");
+  if (plan.options.indexer) {
+    require_pointer(in.index_k, 16, "index_k");
+    require_pointer(in.index_cache, 16, "index_cache");
+    if (!plan.indexer_rows.empty()) {
+      require_pointer(in.index_q, 16, "index_q");
+      require_pointer(in.index_weights, 4, "index_weights");
+    }
+    if (in.topk_indices_out != nullptr) require_pointer(in.topk_indices_out, 4, "topk_indices_out");
+  } else if (!plan.sparse_tokens.empty()) {
+    require_pointer(in.topk_indices, 4, "topk_indices");
+  }
   if (regions_.total_bytes > 0) require_pointer(workspace, kWorkspaceAlignment, "workspace");
 }
 
@@ -247,6 +296,7 @@ void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace
                       .format = plan.options.cache_format,
                       .k_scale = in.k_scale},
                      stream);
+  if (plan.options.indexer) run_indexer(plan, in, workspace, stream);
   launch_fill_padding_rows({.rows = padding_rows_.data(),
                             .num_rows = static_cast<int>(padding_rows_.size()),
                             .num_heads = plan.options.num_heads,
@@ -270,7 +320,7 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   auto* slots = region<std::int32_t>(workspace, plan.ws_sparse_slots);
   std::int32_t* valid_counts = slots + std::int64_t{n} * topk;
 
-  launch_convert_topk({.topk_indices = in.topk_indices,
+  launch_convert_topk({.topk_indices = sparse_topk(plan, in, workspace),
                        .topk = topk,
                        .tokens = sparse_tokens_.data(),
                        .num_tokens = n,
@@ -329,6 +379,51 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
     launch_scatter_rows(
         {.compact = out_rows, .tokens = sparse_tokens_.data(), .num_tokens = n, .row_elems = out_ld, .out = in.out},
         stream);
+}
+
+const std::int32_t* CudaBackend::sparse_topk(const Plan& plan, const ForwardInputs& in, void* workspace) {
+  if (!plan.options.indexer) return in.topk_indices;
+  return in.topk_indices_out != nullptr ? in.topk_indices_out : region<std::int32_t>(workspace, plan.ws_index_topk);
+}
+
+void CudaBackend::run_indexer(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
+#if DSMLA_HAVE_INDEXER_KERNELS
+  const std::int64_t num_blocks = plan.num_cache_slots / plan.block_size;
+  launch_index_cache_write({.index_k = in.index_k,
+                            .slot_mapping = in.slot_mapping,
+                            .index_cache = in.index_cache,
+                            .num_tokens = plan.num_tokens,
+                            .head_dim = plan.options.index_head_dim,
+                            .block_size = plan.block_size,
+                            .num_blocks = num_blocks},
+                           stream);
+  check_launch("launch_index_cache_write");
+  auto* topk_out = const_cast<std::int32_t*>(sparse_topk(plan, in, workspace));
+  launch_fill_topk_rows(
+      {.fill_counts = topk_fill_counts_.data(), .num_tokens = plan.num_tokens, .topk = plan.options.topk, .topk_out = topk_out},
+      stream);
+  if (plan.indexer_rows.empty()) return;
+  launch_indexer_topk({.index_q = in.index_q,
+                       .weights = in.index_weights,
+                       .index_cache = in.index_cache,
+                       .num_blocks = num_blocks,
+                       .block_size = plan.block_size,
+                       .block_table = in.block_table,
+                       .max_blocks_per_request = plan.max_blocks_per_request,
+                       .rows = indexer_rows_.data(),
+                       .num_rows = static_cast<int>(indexer_rows_.size()),
+                       .max_pos = plan.max_indexer_pos,
+                       .num_heads = plan.options.index_num_heads,
+                       .head_dim = plan.options.index_head_dim,
+                       .topk = plan.options.topk,
+                       .topk_out = topk_out,
+                       .workspace = regions_.indexer.bytes > 0 ? region<void>(workspace, regions_.indexer) : nullptr},
+                      stream);
+  check_launch("launch_indexer_topk");
+#else
+  (void)plan, (void)in, (void)workspace, (void)stream;
+  throw Error("CUDA backend: this build has no indexer kernels (src/cuda/indexer/*.cu)");
+#endif
 }
 
 void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {

@@ -41,10 +41,21 @@ struct Case {
   std::vector<std::int64_t> slot_mapping;     // [T]
   std::vector<std::int32_t> topk_indices;     // [T, topk] or empty
 
+  // Lightning indexer inputs (DESIGN §6): all present (indexer = true, then
+  // topk_indices is empty and run() selects the indices) or all absent.
+  bool indexer = false;
+  int index_num_heads = 64;               // Hi
+  int index_head_dim = 128;               // Di
+  std::vector<std::uint8_t> index_q;      // [T, Hi, Di] e4m3 codes
+  std::vector<float> index_weights;       // [T, Hi]
+  std::vector<std::uint16_t> index_k;     // [T, Di] bf16 keys of the new tokens
+  std::vector<std::uint8_t> index_cache;  // [num_cache_blocks, block_size, Di + 4]
+
   BatchDesc batch() const;          // spans into this case
   PlanOptions plan_options() const;
-  // Host pointers into this case (kv_cache is written by run()).
-  ForwardInputs inputs(std::uint16_t* out, float* lse);
+  // Host pointers into this case (kv_cache and index_cache are written by run());
+  // topk_out receives the indices the indexer selected (may be null).
+  ForwardInputs inputs(std::uint16_t* out, float* lse, std::int32_t* topk_out = nullptr);
   // Throws Error naming the tensor whose size disagrees with the shapes above.
   void check_shapes() const;
 };
@@ -71,6 +82,11 @@ struct SyntheticSpec {
   int spare_blocks = 3;         // unused cache blocks (filled with random tokens too)
   bool shuffle_blocks = true;   // block tables are a random permutation of the cache blocks
   bool with_topk = true;        // false: no topk_indices tensor (dense-only batches)
+  // true: random indexer inputs (index_q, index_weights, index_k, a full index_cache)
+  // instead of topk_indices (with_topk and topk_fill are then unused).
+  bool with_indexer = false;
+  int index_num_heads = 64;
+  int index_head_dim = 128;
   std::uint64_t seed = 1;
 };
 

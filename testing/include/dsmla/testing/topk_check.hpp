@@ -1,0 +1,56 @@
+// Judging a lightning-indexer selection (DESIGN §6) against float64 logits:
+// the one policy of the CPU (float32 vs float64) and GPU (vs CPU) tests.
+//
+// Two correct implementations that sum in different orders may swap positions
+// whose logits are nearly equal to the k-th largest, so a selected set must
+// equal the reference's except among positions within rel_tol * |k-th| of the
+// k-th largest logit: every position clearly above it is selected, none
+// clearly below it is, and the row holds exactly min(pos + 1, topk) distinct
+// valid positions followed by -1 (in any order).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dsmla/plan.hpp"
+
+namespace dsmla {
+
+inline constexpr double kTopkLogitRelTol = 1e-5;
+
+// The host inputs a reference logit needs; the index cache must already hold
+// the batch's new keys (the cache after the run, or written with write_index_key).
+struct IndexerHostView {
+  const std::uint8_t* index_q = nullptr;       // [T, Hi, Di] e4m3
+  const float* index_weights = nullptr;        // [T, Hi]
+  const std::uint8_t* index_cache = nullptr;   // [N, B, Di + 4]
+  std::span<const std::int32_t> block_table;   // [R, max_blocks_per_request]
+};
+
+// logit(t, s) for s = 0..pos in float64, straight from the DESIGN §6 formula.
+std::vector<double> reference_index_logits(const Plan& plan, const IndexerHostView& view, std::int32_t token,
+                                           std::int32_t request, std::int32_t pos);
+
+// Empty when `row` (topk entries) is an acceptable selection for `logits`
+// (candidates 0..logits.size()-1), else why not, naming position and logit.
+std::string topk_row_mismatch(std::span<const std::int32_t> row, std::span<const double> logits,
+                              int topk, double rel_tol = kTopkLogitRelTol);
+
+struct TopkCheckReport {
+  std::size_t rows_checked = 0;
+  std::size_t failures = 0;
+  std::vector<std::string> first_failures;  // "token 5: ...", at most kMaxDescribed
+  static constexpr std::size_t kMaxDescribed = 8;
+  bool ok() const { return failures == 0 && rows_checked > 0; }
+  std::string summary() const;
+};
+
+// Checks every row of `topk` [T, topk] of a plan made with PlanOptions::indexer:
+// indexer rows against reference logits, full-set tokens exactly 0..pos then -1,
+// every other row all -1.
+TopkCheckReport check_topk_selection(const Plan& plan, const IndexerHostView& view,
+                                     std::span<const std::int32_t> topk, double rel_tol = kTopkLogitRelTol);
+
+}  // namespace dsmla
