@@ -326,7 +326,8 @@ void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel,
   for (int r0 = 0; r0 < p.num_rows; r0 += chunk) {
     const int rows = std::min(chunk, p.num_rows - r0);
     if (logits) {
-      if (kernel == IndexerLogitsKernel::wgmma) {
+      // The wgmma kernel's 16-byte gathers need 16-byte aligned key rows (block_size % 4 == 0).
+      if (kernel == IndexerLogitsKernel::wgmma && p.block_size % 4 == 0) {
         launch_logits_wgmma(p, r0, rows, stride, keys, stream);
       } else {
         const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(stride / kKeysPerTile));
