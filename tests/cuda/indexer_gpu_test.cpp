@@ -248,8 +248,13 @@ struct RefLogit {
 };
 
 // The check of one row: returns an empty string when the GPU's output is acceptable.
+// Tolerance, as a fraction of a logit's magnitude (sum of |terms|), of the fp32
+// accumulation errors: CUDA-core FMAs (fixed order), or the tensor core's FP8 MMA,
+// whose internal accumulation keeps ~14 bits (DeepSeek-V3 report).
+double magnitude_tolerance(IndexerLogitsKernel kernel) { return kernel == IndexerLogitsKernel::wgmma ? 5e-4 : 4e-6; }
+
 std::string check_row(const TopkCase& c, const TopkProblem& pb, const IndexerRow& row,
-                      const std::vector<float>& key_f, const std::vector<std::int32_t>& got) {
+                      const std::vector<float>& key_f, const std::vector<std::int32_t>& got, double mag_tol) {
   const int heads = c.heads;
   std::vector<float> qf(static_cast<std::size_t>(heads) * kDim);
   for (int i = 0; i < heads * kDim; ++i) qf[i] = e4m3_to_float(pb.q[static_cast<std::size_t>(row.token) * heads * kDim + i]);
@@ -304,13 +309,13 @@ std::string check_row(const TopkCase& c, const TopkProblem& pb, const IndexerRow
   // Reference: stable top-k (logit descending, position ascending).
   std::vector<int> order = cand;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a].value > logit[b].value; });
-  const double kth = logit[order[c.topk - 1]].value;
+  const double kth = logit[order[c.topk - 1]].value, kth_mag = logit[order[c.topk - 1]].magnitude;
   std::vector<char> ref(row.pos + 1, 0);
   for (int i = 0; i < c.topk; ++i) ref[order[i]] = 1;
   int exempt = 0;
   for (int p : cand) {
     if (ref[p] == chosen[p]) continue;
-    const double tol = 1e-5 * std::fabs(kth) + 1e-6 * logit[p].magnitude;
+    const double tol = 1e-5 * std::fabs(kth) + mag_tol * (logit[p].magnitude + kth_mag);
     if (logit[p].value != kth && std::fabs(logit[p].value - kth) <= tol) {
       ++exempt;
       continue;
@@ -319,7 +324,7 @@ std::string check_row(const TopkCase& c, const TopkProblem& pb, const IndexerRow
            std::to_string(logit[p].value) + ", k-th largest " + std::to_string(kth) +
            (logit[p].value == kth ? ": an exact tie, lower positions go first)" : ")");
   }
-  if (exempt > 8) return std::to_string(exempt) + " near-threshold disagreements (too many)";
+  if (exempt > std::max(8, c.topk / 16)) return std::to_string(exempt) + " near-threshold disagreements (too many)";
   return {};
 }
 
@@ -378,7 +383,7 @@ TEST_P(IndexerTopkTest, MatchesFloat64Reference) {
   for (const IndexerRow& row : pb.rows) {
     const std::vector<std::int32_t> got(out.begin() + static_cast<std::ptrdiff_t>(row.token) * c.topk,
                                         out.begin() + static_cast<std::ptrdiff_t>(row.token + 1) * c.topk);
-    const std::string problem = check_row(c, pb, row, key_f, got);
+    const std::string problem = check_row(c, pb, row, key_f, got, magnitude_tolerance(kernel));
     if (!problem.empty() && failures++ < 5)
       ADD_FAILURE() << c.name << " (" << cuda::to_string(kernel) << "): row token " << row.token << " request "
                     << row.request << " pos " << row.pos << ": " << problem;

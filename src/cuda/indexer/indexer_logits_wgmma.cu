@@ -4,24 +4,26 @@
 // to the workspace (kNotCandidate for a block-table hole), positions <= pos only.
 //
 // Work split: one 128-thread CTA (one warpgroup) per (row, kTilesPerCta tiles of
-// 64 positions). S = Q K^T per tile with 4 x wgmma m64n64k32 e4m3 x e4m3 -> fp32:
-// A = Q [64 heads (rows beyond num_heads zero)][128 dims], B = the tile's keys
-// [64 keys][128 dims], both K-major in the 128-byte swizzle layout (one 128-byte
-// row per head / key: the whole K extent; 16-byte chunk c of row r at c ^ (r & 7)).
+// 64 positions). Per tile, S^T = K Q^T with 4 x wgmma m64n64k32 e4m3 x e4m3 ->
+// fp32: A = the tile's keys [64 keys][128 dims], B = Q [64 heads (rows beyond
+// num_heads zero, weight 0)][128 dims], both K-major in the 128-byte swizzle
+// layout (one 128-byte row per key / head, the whole K extent; 16-byte chunk c
+// of row r at c ^ (r & 7); K step ks starts 32 bytes further into the rows).
+// Keys as M: a thread's accumulator holds 2 keys x 16 heads, so the head sum is
+// 32 FMAs and 2 xor-shuffles per key pair, no shared-memory reduction.
 //
-// Shared memory (26,880 B + 1 KB to align the base to 1024 B)
+// Shared memory (25,856 B + 1 KB to align the base to 1024 B)
 //   Q        [64][128] e4m3           8,192 B (loaded once, plain loads + st.shared)
 //   K[2]     [64][128] e4m3          16,384 B (cp.async gather, zero-filled holes)
 //   scale[2] [64] fp32, valid[2] [64] int32 (scale by cp.async, valid by st.shared)
-//   w        [64] fp32 (0 beyond num_heads)
-//   red      [4 warps][64 keys] fp32  per-warp partial sums over 16 heads
+//   w        [64] fp32 (0 beyond num_heads), copied to registers once
 //
 // Pipeline (tile t, buffer t & 1): gather of tile t+1 issued (one commit group,
 // possibly empty), wait for tile t's group, proxy fence, __syncthreads, 4 wgmma,
-// wait; epilogue: thread (warp w, lane l) holds heads 16w + l/4 (+8) of columns
-// 8j + 2(l%4) + {0,1}: w[h] relu(S) summed over its two heads, xor-shuffles over
-// l/4 (lanes 4, 8, 16), lanes 0..3 store to red, __syncthreads, threads 0..63 add
-// the 4 warps, times the scale, store the key; __syncthreads (buffers reused).
+// wait; epilogue: thread (warp w, lane l) holds keys 16w + l/4 (+8), heads
+// 8j + 2(l%4) + {0,1}: sum of w[h] relu(S) over them, xor-shuffles 1 and 2 over
+// the key's 4 lanes, lane l%4 == 0 stores logit_key(sum * scale) (or the
+// non-candidate key); __syncthreads (the buffers are reused by tile t+2).
 //
 // Exactness: e4m3 x e4m3 products are exact; the tensor core's internal fp32
 // accumulation is of reduced precision (DeepSeek-V3 reports ~14 bits kept in the
@@ -51,7 +53,6 @@ struct Smem {
   float scale[2][kTileKeys];
   int valid[2][kTileKeys];
   float w[kMaxHeads];
-  float red[4][kTileKeys];
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < kMaxHeads) s.w[tid] = tid < heads ? p.weights[std::int64_t{row.token} * heads + tid] : 0.f;
 
   const int warp = tid / 32, lane = tid % 32;
+  float w[16];  // weights of this thread's accumulator columns (heads 8j + 2 (lane % 4) + e), read after the first barrier
   const std::uint32_t q_addr = pipeline::smem_addr(s.q);
   std::uint32_t* row_keys = keys + std::int64_t{local_row} * stride;
 
@@ -119,47 +121,48 @@ __global__ void __launch_bounds__(kThreads)
     pipeline::fence_smem_for_mma();
     __syncthreads();
 
+    if (t == 0) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) w[2 * j + e] = s.w[8 * j + 2 * (lane % 4) + e];
+    }
     float acc[32];
     const std::uint32_t k_addr = pipeline::smem_addr(s.k[b]);
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 32; ++ks)
-      wgmma::mma_ss<Mma>(wgmma::desc_k_major(q_addr + 32 * ks), wgmma::desc_k_major(k_addr + 32 * ks), acc, ks > 0);
+      wgmma::mma_ss<Mma>(wgmma::desc_k_major(k_addr + 32 * ks), wgmma::desc_k_major(q_addr + 32 * ks), acc, ks > 0);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(acc);
 
-    // acc[4j + e]: head 16 warp + lane/4 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2.
-    const int h0 = 16 * warp + lane / 4;
-    const float wa = s.w[h0], wb = s.w[h0 + 8];
-    float part[16];
+    // acc[4j + e]: key 16 warp + lane/4 + 8 (e / 2), head 8j + 2 (lane % 4) + e % 2.
+    float sum0 = 0.f, sum1 = 0.f;  // keys k0 and k0 + 8, over this thread's 16 heads
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        part[2 * j + e] = fmaf(wa, fmaxf(acc[4 * j + e], 0.f), wb * fmaxf(acc[4 * j + 2 + e], 0.f));
+      for (int e = 0; e < 2; ++e) {
+        sum0 = fmaf(w[2 * j + e], fmaxf(acc[4 * j + e], 0.f), sum0);
+        sum1 = fmaf(w[2 * j + e], fmaxf(acc[4 * j + 2 + e], 0.f), sum1);
+      }
+    // The 4 lanes of a key row (lane % 4) hold the other heads.
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    if (lane % 4 == 0) {
+      const int k0 = 16 * warp + lane / 4;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      part[i] += __shfl_xor_sync(0xffffffffu, part[i], 4);
-      part[i] += __shfl_xor_sync(0xffffffffu, part[i], 8);
-      part[i] += __shfl_xor_sync(0xffffffffu, part[i], 16);
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) s.red[warp][8 * j + 2 * lane + e] = part[2 * j + e];
-    }
-    __syncthreads();
-    if (tid < kTileKeys) {
-      const int position = (tile0 + t) * kTileKeys + tid;
-      if (position <= row.pos) {
-        const float sum = (s.red[0][tid] + s.red[1][tid]) + (s.red[2][tid] + s.red[3][tid]);
-        row_keys[position] = s.valid[b][tid] ? logit_key(sum * s.scale[b][tid]) : kNotCandidate;
+      for (int half = 0; half < 2; ++half) {
+        const int key = k0 + 8 * half;
+        const int position = (tile0 + t) * kTileKeys + key;
+        if (position <= row.pos)
+          row_keys[position] = s.valid[b][key] ? logit_key((half ? sum1 : sum0) * s.scale[b][key]) : kNotCandidate;
       }
     }
-    __syncthreads();  // buffer b, scale/valid b and red are rewritten next
+    __syncthreads();  // buffer b and scale/valid b are rewritten next
   }
 }
 
