@@ -14,8 +14,9 @@
 // dot, then acc += w[h] * relu(dot); logit = acc * scale[key]. fp32 accumulation
 // in a fixed order, identical for every key, so duplicate keys tie exactly.
 //
-// Top-k: one 512-thread CTA per row. Four radix passes of 8 bits over the keys
-// (shared-memory histogram of the keys that match the digits found so far)
+// Top-k: one 1024-thread CTA per row. Three radix passes (11, 11, 10 bits) over
+// the keys (2048-bin shared-memory histogram of the keys that match the digits
+// found so far; the bin holding the k-th largest by a block-wide scan)
 // find the exact key T of the k-th largest candidate and how many keys equal to
 // T must be taken (need_eq). One compaction pass in position order (block-wide
 // exclusive scan of packed (key > T, key == T) flags over blocked 4-key items)
@@ -124,11 +125,15 @@ __global__ void __launch_bounds__(kLogitThreads)
 }
 
 // ------------------------------------------------------------------ top-k
-constexpr int kTopkThreads = 512;
-constexpr int kItems = 4;                         // keys per thread per chunk (one 16-byte load)
-constexpr int kChunk = kTopkThreads * kItems;     // 2048 positions per compaction step
+constexpr int kTopkThreads = 1024;
+constexpr int kItems = 4;                         // keys per thread per step (one 16-byte load)
+constexpr int kChunk = kTopkThreads * kItems;     // 4096 positions per step
+constexpr int kBatch = 4;                         // histogram: steps whose loads are in flight together
 static_assert(kChunk < (1 << 16), "per-chunk flag counts are packed in 16-bit halves");
-constexpr int kBins = 256;
+// Radix digits, most significant first: bits 21..31, 10..20, 0..9.
+constexpr int kBins = 2048;
+constexpr int kPasses = 3;
+static_assert(kBins == 2 * kTopkThreads, "the bin scan gives each thread two bins");
 
 __global__ void __launch_bounds__(kTopkThreads)
     topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
@@ -146,8 +151,9 @@ __global__ void __launch_bounds__(kTopkThreads)
   std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
   const std::uint32_t* row_keys = shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride;
 
-  // Keys of positions base .. base + 3 (0 past the row's end). In a shortcut row
-  // the key is 1 for a candidate, 0 otherwise (no logits were computed).
+  // Keys of positions base .. base + 3 (kNotCandidate past the row's end; nothing
+  // is read when base >= n). In a shortcut row (no logits computed) the key is 1
+  // for a candidate, kNotCandidate for a block-table hole.
   auto load_keys = [&](int base, std::uint32_t (&k)[kItems]) {
     if (shortcut) {
 #pragma unroll
@@ -166,52 +172,43 @@ __global__ void __launch_bounds__(kTopkThreads)
 
   std::uint32_t threshold = 0, need_eq = 0;
   if (!shortcut) {
-    // Invariant: `remaining` (>= 1) of the keys matching `prefix` under `mask`
-    // still have to be taken, and at least that many keys match.
+    // Invariant: `remaining` (>= 1) of the keys whose bits under `mask` equal
+    // `prefix` still have to be taken, and at least that many keys match.
     std::uint32_t prefix = 0, mask = 0, remaining = static_cast<std::uint32_t>(topk);
-    for (int shift = 24; shift >= 0; shift -= 8) {
+#pragma unroll 1
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+      const std::uint32_t digit_mask = pass == 2 ? 0x3ffu : 0x7ffu;
       for (int i = tid; i < kBins; i += kTopkThreads) hist[i] = 0;
       __syncthreads();
-      for (int base = kItems * tid; base < n; base += kChunk) {
-        std::uint32_t k[kItems];
-        load_keys(base, k);
+      for (int base0 = kItems * tid; base0 < n; base0 += kBatch * kChunk) {
+        std::uint32_t k[kBatch][kItems];
 #pragma unroll
-        for (int j = 0; j < kItems; ++j)
-          if (base + j < n && (k[j] & mask) == prefix) atomicAdd(&hist[(k[j] >> shift) & 0xffu], 1u);
+        for (int b = 0; b < kBatch; ++b) load_keys(base0 + b * kChunk, k[b]);
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+          for (int j = 0; j < kItems; ++j)
+            if (base0 + b * kChunk + j < n && (k[b][j] & mask) == prefix)
+              atomicAdd(&hist[(k[b][j] >> shift) & digit_mask], 1u);
       }
       __syncthreads();
-      if (tid < 32) {
-        // Lane l owns bins 255 - 8l - j, j = 0..7 (descending): lane 0 the largest keys.
-        std::uint32_t c[8], sum = 0;
+      // Bins in descending order, two per thread: item i is bin kBins - 1 - i.
+      std::uint32_t c[2], above[2], total = 0;
+      c[0] = hist[kBins - 1 - 2 * tid];
+      c[1] = hist[kBins - 2 - 2 * tid];
+      BlockScan(scan_storage).ExclusiveSum(c, above, total);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          c[j] = hist[kBins - 1 - 8 * tid - j];
-          sum += c[j];
+      for (int i = 0; i < 2; ++i)
+        if (above[i] < remaining && remaining <= above[i] + c[i]) {  // exactly one item
+          s_digit = static_cast<std::uint32_t>(kBins - 1 - 2 * tid - i);
+          s_remaining = remaining - above[i];
         }
-        std::uint32_t inclusive = sum;
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) {
-          const std::uint32_t up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-          if (tid >= offset) inclusive += up;
-        }
-        std::uint32_t above = inclusive - sum;  // keys in the bins of lower lanes (larger digits)
-        if (above < remaining && remaining <= inclusive) {  // exactly one lane
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            if (above + c[j] >= remaining) {
-              s_digit = static_cast<std::uint32_t>(kBins - 1 - 8 * tid - j);
-              s_remaining = remaining - above;
-              break;
-            }
-            above += c[j];
-          }
-        }
-      }
       __syncthreads();
       prefix |= s_digit << shift;
-      mask |= 0xffu << shift;
+      mask |= digit_mask << shift;
       remaining = s_remaining;
-      __syncthreads();  // everyone has read s_digit / s_remaining and hist
+      __syncthreads();  // everyone has read s_digit / s_remaining; hist and scan_storage are reused
     }
     threshold = prefix;
     // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
@@ -219,11 +216,14 @@ __global__ void __launch_bounds__(kTopkThreads)
   }
 
   // Compaction in position order: out slot = (# keys > T before p) + min(# keys == T before p, need_eq).
+  // The next step's keys are loaded before this step's scan (their latency hides behind it).
   std::uint32_t gt_before = 0, eq_before = 0;  // block-uniform running totals
+  std::uint32_t k[kItems];
+  load_keys(kItems * tid, k);
   for (int chunk = 0; chunk < n; chunk += kChunk) {
     const int base = chunk + kItems * tid;
-    std::uint32_t k[kItems], flags[kItems], excl[kItems], aggregate = 0;
-    load_keys(base, k);
+    std::uint32_t next[kItems], flags[kItems], excl[kItems], aggregate = 0;
+    load_keys(base + kChunk, next);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const std::uint32_t gt = k[j] > threshold ? 1u : 0u;
@@ -242,6 +242,8 @@ __global__ void __launch_bounds__(kTopkThreads)
     }
     gt_before += aggregate & 0xffffu;
     eq_before += aggregate >> 16;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) k[j] = next[j];
     __syncthreads();  // scan_storage is reused
   }
   const std::uint32_t selected = gt_before + min(eq_before, need_eq);
