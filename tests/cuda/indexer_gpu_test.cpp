@@ -167,6 +167,7 @@ struct TopkCase {
   int holes = 0;                       // per request: block-table entries made invalid
   int key_pool = 0;                    // > 0: keys drawn from this many distinct keys (exact ties)
   int max_pos_slack = 0;               // max_pos = largest pos + slack (exercises row chunking)
+  bool shuffle_rows = true;            // false: rows in order (consecutive rows of a request pair up in wgmma)
   std::uint64_t seed = 1;
 };
 
@@ -231,7 +232,7 @@ TopkProblem make_problem(const TopkCase& c) {
       ++pb.num_tokens;
     }
   }
-  std::shuffle(pb.rows.begin(), pb.rows.end(), rng);
+  if (c.shuffle_rows) std::shuffle(pb.rows.begin(), pb.rows.end(), rng);
   pb.max_pos += c.max_pos_slack;
   ++pb.num_tokens;  // the unlisted token
   pb.q.resize(static_cast<std::size_t>(pb.num_tokens) * c.heads * kDim);
@@ -480,6 +481,18 @@ std::vector<TopkCase> topk_cases() {
     c.holes = 1;
     c.max_pos_slack = 65535 - 249;
     c.seed = 16;
+    v.push_back(c);
+  }
+  {  // Prefill-like: consecutive rows of one request in order (the wgmma kernel's row pairs), a
+     // shortcut row paired with a logits row (pos 255 / 256), an odd row count.
+    TopkCase c{.name = "h64_b64_prefill", .heads = 64, .block_size = 64, .topk = 256, .num_blocks = 30, .max_blocks = 24};
+    c.contexts = {1500};
+    c.rows_per_request = 0;
+    c.extra_rows = {{255, 256}};
+    for (int p = 1461; p < 1499; ++p) c.extra_rows[0].push_back(p);
+    c.holes = 1;
+    c.shuffle_rows = false;
+    c.seed = 18;
     v.push_back(c);
   }
   {  // A block size that is no multiple of 4 (the wgmma kernel falls back to the CUDA-core one).
