@@ -489,7 +489,7 @@ std::vector<TopkCase> topk_cases() {
     c.contexts = {1500};
     c.rows_per_request = 0;
     c.extra_rows = {{255, 256}};
-    for (int p = 1461; p < 1499; ++p) c.extra_rows[0].push_back(p);
+    for (int p = 1461; p < 1500; ++p) c.extra_rows[0].push_back(p);  // 43 rows: 1499 twice (two tokens)
     c.holes = 1;
     c.shuffle_rows = false;
     c.seed = 18;

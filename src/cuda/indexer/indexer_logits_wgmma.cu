@@ -203,9 +203,10 @@ __global__ void __launch_bounds__(kThreads)
     const int local = 2 * static_cast<int>(blockIdx.x) + r;
     needs[r] = false;
     rows[r] = IndexerRow{};
-    out[r] = keys + std::int64_t{local} * stride;
+    out[r] = keys;
     if (local < row_count) {
       rows[r] = p.rows[row_begin + local];
+      out[r] = keys + std::int64_t{local} * stride;
       // Valid row that needs logits (not a shortcut row) and has positions in this CTA's tiles.
       needs[r] = row_is_valid(rows[r], p) && rows[r].pos + 1 > p.topk && tile0 * kTileKeys <= rows[r].pos;
     }
