@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <random>
 #include <string>
@@ -143,7 +144,7 @@ std::string check_row(const IndexerRow& row, const std::vector<std::uint8_t>& q,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   bool quick = false;
   std::string which = "both";
   for (int i = 1; i < argc; ++i) {
@@ -277,4 +278,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "indexer_kernel_bench: %s\n", e.what());
+    return 1;
+  }
 }
