@@ -4,9 +4,10 @@
 // to the workspace (kNotCandidate for a block-table hole), positions <= pos only.
 //
 // Work split: one 128-thread CTA (one warpgroup) per (pair of rows 2x, 2x+1 of
-// the chunk, kTilesPerCta tiles of 64 positions). When both rows need logits in
-// these tiles and belong to the same request (consecutive tokens of a prefill),
-// one gather of the keys serves both: N = 128 (the two queries' 64 heads each);
+// the chunk, kTilesPerCta tiles of 64 positions). When both rows need logits and
+// belong to the same request (consecutive tokens of a prefill), one gather of
+// the keys serves both: N = 128 (the two queries' 64 heads each), in every CTA
+// of the pair that holds positions of either row;
 // otherwise each row that needs logits runs alone with N = 64, one after the
 // other. Per tile, S^T = K Q^T with 4 x wgmma m64nNk32 e4m3 x e4m3 -> fp32:
 // A = the tile's keys [64 keys][128 dims], B = the queries [N rows: 64 r + head
@@ -207,18 +208,20 @@ __global__ void __launch_bounds__(kThreads)
     if (local < row_count) {
       rows[r] = p.rows[row_begin + local];
       out[r] = keys + std::int64_t{local} * stride;
-      // Valid row that needs logits (not a shortcut row) and has positions in this CTA's tiles.
-      needs[r] = row_is_valid(rows[r], p) && rows[r].pos + 1 > p.topk && tile0 * kTileKeys <= rows[r].pos;
+      needs[r] = row_is_valid(rows[r], p) && rows[r].pos + 1 > p.topk;  // not a shortcut row
     }
   }
-  // Block-uniform: every thread read the same rows.
+  // Block-uniform: every thread read the same rows. Whether a pair shares the gather
+  // depends on the rows only, not on the tiles, so each row's logits come from one
+  // MMA shape in every CTA (identical keys give identical logits: exact ties hold).
   if (needs[0] && needs[1] && rows[0].request == rows[1].request) {
-    run_job<2>(s, p, rows, out, tile0);  // one gather of the request's keys serves both rows
+    if (tile0 * kTileKeys <= max(rows[0].pos, rows[1].pos))
+      run_job<2>(s, p, rows, out, tile0);  // one gather of the request's keys serves both rows
     return;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (!needs[r]) continue;
+    if (!needs[r] || tile0 * kTileKeys > rows[r].pos) continue;
     const IndexerRow one[2] = {rows[r], rows[r]};
     std::uint32_t* const one_out[2] = {out[r], out[r]};
     run_job<1>(s, p, one, one_out, tile0);
