@@ -18,7 +18,7 @@
 // head sum is 32 FMAs and 2 xor-shuffles per key pair and row, no shared-memory
 // reduction.
 //
-// Shared memory (34,048 B + 1 KB to align the base to 1024 B; no opt-in)
+// Shared memory (34,304 B + 1 KB to align the base to 1024 B; no opt-in)
 //   Q        [2][64][128] e4m3       16,384 B (per job, plain loads + st.shared)
 //   K[2]     [64][128] e4m3          16,384 B (cp.async gather, zero-filled holes)
 //   scale[2] [64] fp32, valid[2] [64] int32 (scale by cp.async, valid by st.shared)
