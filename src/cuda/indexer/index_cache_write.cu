@@ -1,0 +1,89 @@
+// Index-cache write (DESIGN §6): each new token's 128 bf16 indexer-key values
+// become 128 e4m3 codes plus one fp32 scale in the paged index cache
+// (layout in indexer.hpp: per block, the block_size x 128 codes, then the
+// block_size scales).
+//
+// Work split: one warp per token, four tokens per 128-thread block; lane i owns
+// values [4i, 4i+4) (one 8-byte load of bf16, one 4-byte store of codes), so the
+// amax is one warp reduction. No shared memory, no block-level barrier: a warp
+// whose slot is out of range returns on its own.
+//
+// Quantisation exactly as the latent cache writer (cache_write.cu) and the host
+// codec: s = max(amax / 448, FLT_MIN) with amax = fmax over |k| (NaN ignored),
+// codes = e4m3(k / s) by a true (correctly rounded) division, round to nearest
+// even, finite overflow saturates to +-448, NaN passes through undivided.
+#include <cfloat>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/fp8.cuh"
+#include "cuda/indexer/indexer.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda {
+namespace {
+
+constexpr int kIndexHeadDim = 128;
+constexpr int kTokensPerBlock = 4;
+constexpr int kThreads = 32 * kTokensPerBlock;
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits) { return __uint_as_float(bits << 16); }
+
+__global__ void __launch_bounds__(kThreads) index_cache_write_kernel(IndexCacheWriteParams p) {
+  const int lane = threadIdx.x & 31;
+  const int token = blockIdx.x * kTokensPerBlock + static_cast<int>(threadIdx.x >> 5);
+  if (token >= p.num_tokens) return;
+  const std::int64_t slot = p.slot_mapping[token];
+  const std::int64_t num_slots = p.num_blocks * p.block_size;
+  if (slot < 0 || slot >= num_slots) return;  // warp-uniform: the whole warp leaves
+
+  const uint2 raw = reinterpret_cast<const uint2*>(p.index_k + std::int64_t{token} * kIndexHeadDim)[lane];
+  float v[4];
+  v[0] = bf16_bits_to_float(raw.x & 0xffffu);
+  v[1] = bf16_bits_to_float(raw.x >> 16);
+  v[2] = bf16_bits_to_float(raw.y & 0xffffu);
+  v[3] = bf16_bits_to_float(raw.y >> 16);
+
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) amax = fmaxf(amax, fabsf(v[k]));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float scale = fmaxf(__fdiv_rn(amax, 448.f), FLT_MIN);
+
+  std::uint32_t packed = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float q = isnan(v[k]) ? v[k] : __fdiv_rn(v[k], scale);
+    packed |= static_cast<std::uint32_t>(float_to_e4m3(q)) << (8 * k);
+  }
+
+  const std::int64_t block = slot / p.block_size;
+  const int row = static_cast<int>(slot - block * p.block_size);
+  std::uint8_t* block_base = p.index_cache + block * (std::int64_t{p.block_size} * (kIndexHeadDim + 4));
+  reinterpret_cast<std::uint32_t*>(block_base + std::int64_t{row} * kIndexHeadDim)[lane] = packed;
+  if (lane == 0)
+    reinterpret_cast<float*>(block_base + std::int64_t{p.block_size} * kIndexHeadDim)[row] = scale;
+}
+
+}  // namespace
+
+void launch_index_cache_write(const IndexCacheWriteParams& p, cudaStream_t stream) {
+  if (p.num_tokens <= 0) return;
+  if (p.head_dim != kIndexHeadDim)
+    throw Error("launch_index_cache_write: head_dim " + std::to_string(p.head_dim) + " is not supported (only 128)");
+  if (p.block_size <= 0)
+    throw Error("launch_index_cache_write: block_size " + std::to_string(p.block_size) + " must be positive");
+  if (p.num_blocks < 0)
+    throw Error("launch_index_cache_write: num_blocks " + std::to_string(p.num_blocks) + " is negative");
+  if (p.index_k == nullptr || p.slot_mapping == nullptr || (p.index_cache == nullptr && p.num_blocks > 0))
+    throw Error("launch_index_cache_write: null pointer");
+  if (reinterpret_cast<std::uintptr_t>(p.index_k) % 8 != 0 || reinterpret_cast<std::uintptr_t>(p.index_cache) % 4 != 0)
+    throw Error("launch_index_cache_write: index_k must be 8-byte and index_cache 4-byte aligned");
+  const int grid = (p.num_tokens + kTokensPerBlock - 1) / kTokensPerBlock;
+  index_cache_write_kernel<<<grid, kThreads, 0, stream>>>(p);
+  check_launch("index_cache_write_kernel");
+}
+
+}  // namespace dsmla::cuda

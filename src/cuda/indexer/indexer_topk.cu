@@ -1,0 +1,345 @@
+// Lightning indexer (DESIGN §6): logits over each planned row's candidate
+// positions, then the top-k positions by logit (ties: lower position first).
+// See NOTES.md for the design and the envelope.
+//
+// launch_indexer_topk processes the rows in chunks of chunk_rows(...) rows so the
+// logits workspace stays within kWorkspaceBudgetBytes: per chunk, one logits
+// launch (grid rows x key tiles) writes order-preserving uint32 keys of the
+// logits into the workspace, then one top-k launch (one CTA per row) selects.
+//
+// Logits (cuda_core kernel, the default): one 256-thread CTA per (row, tile of
+// 64 positions). The row's query (H x 128 e4m3 codes) is dequantised into shared
+// memory as fp32 (exact); four threads own a key, each 32 of its 128 dims in
+// registers as fp32 (exact); per head, 32 FMAs, two xor-shuffles give the full
+// dot, then acc += w[h] * relu(dot); logit = acc * scale[key]. fp32 accumulation
+// in a fixed order, identical for every key, so duplicate keys tie exactly.
+//
+// Top-k: one 1024-thread CTA per row. Three radix passes (11, 11, 10 bits) over
+// the keys (2048-bin shared-memory histogram of the keys that match the digits
+// found so far; the bin holding the k-th largest by a block-wide scan)
+// find the exact key T of the k-th largest candidate and how many keys equal to
+// T must be taken (need_eq). One compaction pass in position order (block-wide
+// exclusive scan of packed (key > T, key == T) flags over blocked 4-key items)
+// writes every position with key > T and the need_eq lowest positions with
+// key == T, in increasing position order (deterministic), then -1 padding.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/fp8.cuh"
+#include "cuda/indexer/indexer.hpp"
+#include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/indexer_variants.hpp"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda {
+namespace indexer {
+namespace {
+
+// ------------------------------------------------------------------ logits (CUDA cores)
+constexpr int kLogitThreads = 256;
+constexpr int kKeysPerTile = kLogitThreads / 4;  // 64
+static_assert(kKeysPerTile == kRowAlign, "one logits tile per row-alignment unit");
+constexpr int kQuarter = kHeadDim / 4;           // 32 dims per thread
+constexpr int kQStride = kQuarter + 4;           // padded: the 4 quarters hit distinct banks
+
+__global__ void __launch_bounds__(kLogitThreads)
+    logits_cuda_core_kernel(IndexerTopkParams p, int row_begin, int stride, std::uint32_t* keys) {
+  __shared__ __align__(16) float q_s[kMaxHeads * 4 * kQStride];  // [head][quarter][kQStride]
+  __shared__ float w_s[kMaxHeads];
+
+  const int local_row = blockIdx.x;
+  const IndexerRow row = p.rows[row_begin + local_row];
+  const int tile_begin = blockIdx.y * kKeysPerTile;
+  // Block-uniform exits: invalid row, shortcut row (top-k needs no logits), tile past pos.
+  if (!row_is_valid(row, p) || row.pos + 1 <= p.topk || tile_begin > row.pos) return;
+
+  const int tid = threadIdx.x;
+  const int heads = p.num_heads;
+  const std::uint32_t* q_words =
+      reinterpret_cast<const std::uint32_t*>(p.index_q + std::int64_t{row.token} * heads * kHeadDim);
+  for (int w = tid; w < heads * (kHeadDim / 4); w += kLogitThreads) {
+    const std::uint32_t word = q_words[w];
+    const int e = 4 * w, h = e / kHeadDim, d = e % kHeadDim;
+    float4 f;
+    f.x = e4m3_to_float(static_cast<std::uint8_t>(word));
+    f.y = e4m3_to_float(static_cast<std::uint8_t>(word >> 8));
+    f.z = e4m3_to_float(static_cast<std::uint8_t>(word >> 16));
+    f.w = e4m3_to_float(static_cast<std::uint8_t>(word >> 24));
+    *reinterpret_cast<float4*>(&q_s[(h * 4 + d / kQuarter) * kQStride + d % kQuarter]) = f;
+  }
+  for (int h = tid; h < heads; h += kLogitThreads) w_s[h] = p.weights[std::int64_t{row.token} * heads + h];
+
+  // This thread's key quarter (zeros for a non-candidate: computed, never stored as a logit).
+  const int key = tid / 4, quarter = tid % 4;
+  const int position = tile_begin + key;
+  float k[kQuarter];
+  float scale = 0.f;
+  bool candidate = false;
+  if (position <= row.pos) {
+    const std::int64_t block = block_of(p, row.request, position);
+    if (block >= 0) {
+      candidate = true;
+      const int r = position % p.block_size;
+      const std::uint8_t* base = p.index_cache + block * cache_block_bytes(p);
+      const std::uint32_t* codes =
+          reinterpret_cast<const std::uint32_t*>(base + std::int64_t{r} * kHeadDim + quarter * kQuarter);
+#pragma unroll
+      for (int i = 0; i < kQuarter / 4; ++i) {
+        const std::uint32_t word = codes[i];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) k[4 * i + b] = e4m3_to_float(static_cast<std::uint8_t>(word >> (8 * b)));
+      }
+      scale = reinterpret_cast<const float*>(base + std::int64_t{p.block_size} * kHeadDim)[r];
+    }
+  }
+  if (!candidate) {
+#pragma unroll
+    for (int i = 0; i < kQuarter; ++i) k[i] = 0.f;
+  }
+  __syncthreads();
+
+  float acc = 0.f;
+  for (int h = 0; h < heads; ++h) {
+    const float4* qh = reinterpret_cast<const float4*>(&q_s[(h * 4 + quarter) * kQStride]);
+    float partial = 0.f;
+#pragma unroll
+    for (int i = 0; i < kQuarter / 4; ++i) {
+      const float4 qv = qh[i];
+      partial = fmaf(qv.x, k[4 * i + 0], partial);
+      partial = fmaf(qv.y, k[4 * i + 1], partial);
+      partial = fmaf(qv.z, k[4 * i + 2], partial);
+      partial = fmaf(qv.w, k[4 * i + 3], partial);
+    }
+    // The key's four threads are lanes 4j..4j+3 of one warp; every lane takes part.
+    partial += __shfl_xor_sync(0xffffffffu, partial, 1);
+    partial += __shfl_xor_sync(0xffffffffu, partial, 2);
+    acc = fmaf(w_s[h], fmaxf(partial, 0.f), acc);
+  }
+  if (quarter == 0 && position <= row.pos)
+    keys[std::int64_t{local_row} * stride + position] = candidate ? logit_key(acc * scale) : kNotCandidate;
+}
+
+// ------------------------------------------------------------------ top-k
+constexpr int kTopkThreads = 1024;
+constexpr int kItems = 4;                         // keys per thread per step (one 16-byte load)
+constexpr int kChunk = kTopkThreads * kItems;     // 4096 positions per step
+constexpr int kBatch = 4;                         // histogram: steps whose loads are in flight together
+static_assert(kChunk < (1 << 16), "per-chunk flag counts are packed in 16-bit halves");
+// Radix digits, most significant first: bits 21..31, 10..20, 0..9.
+constexpr int kBins = 2048;
+constexpr int kPasses = 3;
+static_assert(kBins == 2 * kTopkThreads, "the bin scan gives each thread two bins");
+
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
+  using BlockScan = cub::BlockScan<std::uint32_t, kTopkThreads>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ std::uint32_t hist[kBins];
+  __shared__ std::uint32_t s_digit, s_remaining;
+
+  const IndexerRow row = p.rows[row_begin + blockIdx.x];
+  if (!row_is_valid(row, p)) return;  // block-uniform
+  const int tid = threadIdx.x;
+  const int topk = p.topk;
+  const int n = row.pos + 1;  // candidate positions 0..pos
+  const bool shortcut = n <= topk;
+  std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
+  const std::uint32_t* row_keys = shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride;
+
+  // Keys of positions base .. base + 3 (kNotCandidate past the row's end; nothing
+  // is read when base >= n). In a shortcut row (no logits computed) the key is 1
+  // for a candidate, kNotCandidate for a block-table hole.
+  auto load_keys = [&](int base, std::uint32_t (&k)[kItems]) {
+    if (shortcut) {
+#pragma unroll
+      for (int j = 0; j < kItems; ++j)
+        k[j] = (base + j < n && block_of(p, row.request, base + j) >= 0) ? 1u : kNotCandidate;
+      return;
+    }
+    uint4 v = make_uint4(0, 0, 0, 0);
+    // base % 4 == 0 and base < n <= stride (a multiple of 4): the 16 bytes are in the row.
+    if (base < n) v = *reinterpret_cast<const uint4*>(row_keys + base);
+    k[0] = v.x;
+    k[1] = base + 1 < n ? v.y : kNotCandidate;
+    k[2] = base + 2 < n ? v.z : kNotCandidate;
+    k[3] = base + 3 < n ? v.w : kNotCandidate;
+  };
+
+  std::uint32_t threshold = 0, need_eq = 0;
+  if (!shortcut) {
+    // Invariant: `remaining` (>= 1) of the keys whose bits under `mask` equal
+    // `prefix` still have to be taken, and at least that many keys match.
+    std::uint32_t prefix = 0, mask = 0, remaining = static_cast<std::uint32_t>(topk);
+#pragma unroll 1
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+      const std::uint32_t digit_mask = pass == 2 ? 0x3ffu : 0x7ffu;
+      for (int i = tid; i < kBins; i += kTopkThreads) hist[i] = 0;
+      __syncthreads();
+      for (int base0 = kItems * tid; base0 < n; base0 += kBatch * kChunk) {
+        std::uint32_t k[kBatch][kItems];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) load_keys(base0 + b * kChunk, k[b]);
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+          for (int j = 0; j < kItems; ++j)
+            if (base0 + b * kChunk + j < n && (k[b][j] & mask) == prefix)
+              atomicAdd(&hist[(k[b][j] >> shift) & digit_mask], 1u);
+      }
+      __syncthreads();
+      // Bins in descending order, two per thread: item i is bin kBins - 1 - i.
+      std::uint32_t c[2], above[2], total = 0;
+      c[0] = hist[kBins - 1 - 2 * tid];
+      c[1] = hist[kBins - 2 - 2 * tid];
+      BlockScan(scan_storage).ExclusiveSum(c, above, total);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (above[i] < remaining && remaining <= above[i] + c[i]) {  // exactly one item
+          s_digit = static_cast<std::uint32_t>(kBins - 1 - 2 * tid - i);
+          s_remaining = remaining - above[i];
+        }
+      __syncthreads();
+      prefix |= s_digit << shift;
+      mask |= digit_mask << shift;
+      remaining = s_remaining;
+      __syncthreads();  // everyone has read s_digit / s_remaining; hist and scan_storage are reused
+    }
+    threshold = prefix;
+    // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
+    need_eq = threshold == kNotCandidate ? 0u : remaining;
+  }
+
+  // Compaction in position order: out slot = (# keys > T before p) + min(# keys == T before p, need_eq).
+  // The next step's keys are loaded before this step's scan (their latency hides behind it).
+  std::uint32_t gt_before = 0, eq_before = 0;  // block-uniform running totals
+  std::uint32_t k[kItems];
+  load_keys(kItems * tid, k);
+  for (int chunk = 0; chunk < n; chunk += kChunk) {
+    const int base = chunk + kItems * tid;
+    std::uint32_t next[kItems], flags[kItems], excl[kItems], aggregate = 0;
+    load_keys(base + kChunk, next);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const std::uint32_t gt = k[j] > threshold ? 1u : 0u;
+      const std::uint32_t eq = (need_eq > 0 && k[j] == threshold) ? 1u : 0u;
+      flags[j] = gt | (eq << 16);
+    }
+    BlockScan(scan_storage).ExclusiveSum(flags, excl, aggregate);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const std::uint32_t gt_rank = gt_before + (excl[j] & 0xffffu);
+      const std::uint32_t eq_rank = eq_before + (excl[j] >> 16);
+      std::uint32_t slot = static_cast<std::uint32_t>(topk);  // none
+      if (flags[j] & 0xffffu) slot = gt_rank + min(eq_rank, need_eq);
+      else if ((flags[j] >> 16) && eq_rank < need_eq) slot = gt_rank + eq_rank;
+      if (slot < static_cast<std::uint32_t>(topk)) out[slot] = base + j;
+    }
+    gt_before += aggregate & 0xffffu;
+    eq_before += aggregate >> 16;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) k[j] = next[j];
+    __syncthreads();  // scan_storage is reused
+  }
+  const std::uint32_t selected = gt_before + min(eq_before, need_eq);
+  for (std::uint32_t i = selected + tid; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
+}
+
+// ------------------------------------------------------------------ host side
+int row_stride(int max_pos) { return (max_pos + 1 + kRowAlign - 1) / kRowAlign * kRowAlign; }
+
+bool needs_logits(int max_pos, int topk) { return max_pos + 1 > topk; }
+
+int chunk_rows(int num_rows, int max_pos) {
+  const std::int64_t row_bytes = std::int64_t{row_stride(max_pos)} * 4;
+  return static_cast<int>(std::clamp<std::int64_t>(kWorkspaceBudgetBytes / row_bytes, 1, num_rows));
+}
+
+void check_envelope(int max_pos, int num_heads, int topk, const char* who) {
+  if (max_pos < 0 || max_pos >= kMaxPositions)
+    throw Error(std::string(who) + ": max_pos " + std::to_string(max_pos) + " outside [0, " +
+                std::to_string(kMaxPositions - 1) + "]");
+  if (num_heads <= 0 || num_heads > kMaxHeads || num_heads % 16 != 0)
+    throw Error(std::string(who) + ": num_heads " + std::to_string(num_heads) +
+                " is not supported (a multiple of 16 up to 64)");
+  if (topk <= 0 || topk > kMaxTopk)
+    throw Error(std::string(who) + ": topk " + std::to_string(topk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
+}
+
+}  // namespace
+}  // namespace indexer
+
+const char* to_string(IndexerLogitsKernel kernel) {
+  return kernel == IndexerLogitsKernel::wgmma ? "wgmma" : "cuda_core";
+}
+
+IndexerLogitsKernel default_indexer_logits_kernel() {
+  static const IndexerLogitsKernel kernel = [] {
+    const char* env = std::getenv("DSMLA_INDEXER_LOGITS");
+    return env != nullptr && std::strcmp(env, "wgmma") == 0 ? IndexerLogitsKernel::wgmma
+                                                            : IndexerLogitsKernel::cuda_core;
+  }();
+  return kernel;
+}
+
+std::size_t indexer_workspace_bytes(int num_rows, int max_pos, int num_heads, int topk) {
+  using namespace indexer;
+  if (num_rows <= 0) return 0;
+  check_envelope(max_pos, num_heads, topk, "indexer_workspace_bytes");
+  if (!needs_logits(max_pos, topk)) return 0;
+  return static_cast<std::size_t>(chunk_rows(num_rows, max_pos)) * row_stride(max_pos) * 4;
+}
+
+void launch_indexer_topk(const IndexerTopkParams& p, cudaStream_t stream) {
+  launch_indexer_topk(p, default_indexer_logits_kernel(), stream);
+}
+
+void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
+  using namespace indexer;
+  if (p.num_rows <= 0) return;
+  const char* who = "launch_indexer_topk";
+  check_envelope(p.max_pos, p.num_heads, p.topk, who);
+  if (p.head_dim != kHeadDim)
+    throw Error(std::string(who) + ": head_dim " + std::to_string(p.head_dim) + " is not supported (only 128)");
+  if (p.block_size <= 0)
+    throw Error(std::string(who) + ": block_size " + std::to_string(p.block_size) + " must be positive");
+  if (p.max_blocks_per_request < 0 || p.num_blocks < 0)
+    throw Error(std::string(who) + ": negative max_blocks_per_request or num_blocks");
+  if (p.rows == nullptr || p.topk_out == nullptr || p.block_table == nullptr)
+    throw Error(std::string(who) + ": null rows, topk_out or block_table");
+  const bool logits = needs_logits(p.max_pos, p.topk);
+  if (logits) {
+    if (p.index_q == nullptr || p.weights == nullptr || (p.index_cache == nullptr && p.num_blocks > 0))
+      throw Error(std::string(who) + ": null index_q, weights or index_cache");
+    if (p.workspace == nullptr) throw Error(std::string(who) + ": missing workspace");
+    if (reinterpret_cast<std::uintptr_t>(p.workspace) % 256 != 0)
+      throw Error(std::string(who) + ": workspace is not 256-byte aligned");
+    if (reinterpret_cast<std::uintptr_t>(p.index_q) % 16 != 0 || reinterpret_cast<std::uintptr_t>(p.index_cache) % 16 != 0)
+      throw Error(std::string(who) + ": index_q and index_cache must be 16-byte aligned");
+  }
+  const int stride = row_stride(p.max_pos);
+  const int chunk = chunk_rows(p.num_rows, p.max_pos);
+  std::uint32_t* keys = static_cast<std::uint32_t*>(p.workspace);
+  for (int r0 = 0; r0 < p.num_rows; r0 += chunk) {
+    const int rows = std::min(chunk, p.num_rows - r0);
+    if (logits) {
+      // The wgmma kernel's 16-byte gathers need 16-byte aligned key rows (block_size % 4 == 0).
+      if (kernel == IndexerLogitsKernel::wgmma && p.block_size % 4 == 0) {
+        launch_logits_wgmma(p, r0, rows, stride, keys, stream);
+      } else {
+        const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(stride / kKeysPerTile));
+        logits_cuda_core_kernel<<<grid, kLogitThreads, 0, stream>>>(p, r0, stride, keys);
+        check_launch("indexer logits_cuda_core_kernel");
+      }
+    }
+    topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, r0, stride, keys);
+    check_launch("indexer topk_kernel");
+  }
+}
+
+}  // namespace dsmla::cuda

@@ -1,0 +1,25 @@
+// The indexer's logits kernels side by side, for the GPU tests and the kernel
+// harness (NOTES.md): launch_indexer_topk (indexer.hpp) runs the default one,
+// which is `cuda_core` unless the environment variable DSMLA_INDEXER_LOGITS is
+// `wgmma` (read once per process). Host code may include it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "cuda/indexer/indexer.hpp"
+
+namespace dsmla::cuda {
+
+enum class IndexerLogitsKernel {
+  cuda_core,  // fp32 FMAs on dequantised codes: the simple, default kernel
+  wgmma,      // fp8 tensor cores (wgmma m64n64k32 e4m3 x e4m3 -> fp32)
+};
+
+const char* to_string(IndexerLogitsKernel kernel);
+
+// The kernel launch_indexer_topk(p, stream) uses.
+IndexerLogitsKernel default_indexer_logits_kernel();
+
+// launch_indexer_topk with an explicit logits kernel (same contract).
+void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream);
+
+}  // namespace dsmla::cuda
