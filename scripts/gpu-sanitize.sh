@@ -43,5 +43,12 @@ run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*"
 run racecheck test_gpu_cuda "$sparse_ws"
 run synccheck test_gpu_cuda "$sparse_ws"
 
+# The indexer kernels: cache write, both logits kernels and the radix top-k
+# (shared-memory histograms) on the small cases (holes, exact ties).
+indexer='*IndexCacheWrite*:*IndexerTopkTest*h32_b16_holes*:*IndexerTopkTest*h64_b16_ties*'
+run memcheck test_gpu_cuda "$indexer"
+run racecheck test_gpu_cuda "$indexer"
+run synccheck test_gpu_cuda "$indexer"
+
 [ $status -eq 0 ] && echo "gpu-sanitize: all clean" || echo "gpu-sanitize: FAILED"
 exit $status
