@@ -35,10 +35,6 @@
 // the sparse kernel, whose size depends on the device's multiprocessor count
 // that the host-only planner cannot know, and the indexer kernels' scratch.
 //
-// The indexer kernels (src/cuda/indexer/*.cu) are built when present
-// (DSMLA_HAVE_INDEXER_KERNELS, set by CMake); without them a plan with
-// PlanOptions::indexer is refused at on_plan() and the rest still links.
-//
 // The cuBLAS handle and its 32 MiB workspace are created at construction; the
 // workspace is re-attached on every run because cublasSetStream resets it,
 // and a user workspace keeps cuBLAS from allocating during graph capture.
@@ -115,11 +111,9 @@ BackendRegions backend_regions(const Plan& plan) {
   const std::size_t n = plan.sparse_tokens.size();
   if (n > 0)
     place(r.sparse_split, sparse_mla_workspace_bytes(static_cast<int>(n), plan.options.num_heads, plan.options.topk));
-#if DSMLA_HAVE_INDEXER_KERNELS
   if (!plan.indexer_rows.empty())
     place(r.indexer, indexer_workspace_bytes(static_cast<int>(plan.indexer_rows.size()), plan.max_indexer_pos,
                                              plan.options.index_num_heads, plan.options.topk));
-#endif
   r.total_bytes = end;
   return r;
 }
@@ -217,10 +211,6 @@ void CudaBackend::on_plan(const Plan& plan) {
   std::vector<IndexerRow> indexer_rows;
   std::vector<std::int32_t> fill_counts;
   if (plan.options.indexer) {
-#if !DSMLA_HAVE_INDEXER_KERNELS
-    throw Error("CUDA backend: this build has no indexer kernels (src/cuda/indexer/*.cu), so a plan with "
-                "PlanOptions::indexer cannot run; pass topk_indices instead");
-#endif
     if (plan.max_indexer_pos < 0) throw Error("CUDA backend: plan.max_indexer_pos < 0");
     for (const dsmla::IndexerRow& r : plan.indexer_rows) indexer_rows.push_back({r.token, r.request, r.pos});
     fill_counts.assign(static_cast<std::size_t>(plan.num_tokens), 0);
@@ -387,7 +377,6 @@ const std::int32_t* CudaBackend::sparse_topk(const Plan& plan, const ForwardInpu
 }
 
 void CudaBackend::run_indexer(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
-#if DSMLA_HAVE_INDEXER_KERNELS
   const std::int64_t num_blocks = plan.num_cache_slots / plan.block_size;
   launch_index_cache_write({.index_k = in.index_k,
                             .slot_mapping = in.slot_mapping,
@@ -420,10 +409,6 @@ void CudaBackend::run_indexer(const Plan& plan, const ForwardInputs& in, void* w
                        .workspace = regions_.indexer.bytes > 0 ? region<void>(workspace, regions_.indexer) : nullptr},
                       stream);
   check_launch("launch_indexer_topk");
-#else
-  (void)plan, (void)in, (void)workspace, (void)stream;
-  throw Error("CUDA backend: this build has no indexer kernels (src/cuda/indexer/*.cu)");
-#endif
 }
 
 void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
