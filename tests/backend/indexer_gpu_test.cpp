@@ -29,14 +29,15 @@ struct Batch {
   int topk;
 };
 
-// Long prefills stay at a few thousand rows: the float64 reference costs
-// pos * heads * dim per row on the host.
+// The long prefill stays near a thousand rows: the float64 reference costs
+// pos * heads * dim per row on the host (at 4096 tokens, topk 1024, the suite
+// ran past its 240 s bound on the GPU machine).
 const std::vector<Batch>& batches() {
   static const std::vector<Batch> list = {
       {"decode_4k", {4096, 300, 2100, 4096}, {1, 1, 1, 1}, 2048},
       {"decode_64k", {65536, 40000}, {1, 1}, 2048},
       {"mixed", {3000, 200, 2500, 900}, {1, 1, 400, 900}, 512},
-      {"long_prefill", {4096}, {4096}, 1024},
+      {"long_prefill", {1280}, {1280}, 256},
   };
   return list;
 }

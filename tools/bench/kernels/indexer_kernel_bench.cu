@@ -132,7 +132,7 @@ std::string check_row(const IndexerRow& row, const std::vector<std::uint8_t>& q,
   int exempt = 0;
   for (int p = 0; p < n; ++p) {
     if (ref[p] == chosen[p]) continue;
-    if (logit[p] != kth && std::fabs(logit[p] - kth) <= 1e-5 * std::fabs(kth) + mag_tol * (mag[p] + kth_mag)) {
+    if (std::fabs(logit[p] - kth) <= 1e-5 * std::fabs(kth) + mag_tol * (mag[p] + kth_mag)) {
       ++exempt;
       continue;
     }
