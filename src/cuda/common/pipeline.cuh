@@ -43,13 +43,6 @@ __device__ __forceinline__ void arrive_on_copies(Mbarrier* bar) {
   compiler_fence();
 }
 
-// Pulls the 128-byte line at `gmem` into L1 (and L2), so that a later
-// ld.global.nc of it hits L1. CuTe wraps only the L2 form (cute::prefetch),
-// hence the PTX.
-__device__ __forceinline__ void prefetch_l1(const void* gmem) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(gmem));
-}
-
 // 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
 __device__ __forceinline__ void copy_16(void* smem_dst, const void* gmem_src, bool valid) {
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;

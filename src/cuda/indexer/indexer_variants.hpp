@@ -1,7 +1,7 @@
 // The indexer's logits kernels side by side, for the GPU tests and the kernel
 // harness (NOTES.md): launch_indexer_topk (indexer.hpp) runs the default one,
-// which is `cuda_core` unless the environment variable DSMLA_INDEXER_LOGITS is
-// `wgmma` (read once per process). Host code may include it.
+// which is `wgmma` unless the environment variable DSMLA_INDEXER_LOGITS is
+// `cuda_core` (read once per process). Host code may include it.
 #pragma once
 #include <cuda_runtime.h>
 

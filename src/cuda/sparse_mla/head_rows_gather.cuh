@@ -33,7 +33,6 @@ struct KeyGather<CacheFormat::bf16> {
   __device__ explicit KeyGather(int thread) : t(static_cast<unsigned>(thread)) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
   __device__ __forceinline__ void load(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int) {}
-  __device__ __forceinline__ void prefetch(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int) {}
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
                                         std::uint8_t* buf, pl::Mbarrier* full) {
     const int group = static_cast<int>(t / kThreadsPerRow);
@@ -101,23 +100,6 @@ struct KeyGather {
       } else {
         scale[i] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
       }
-    }
-  }
-
-  // The lines `load` will read for `half` of these rows, into L1: issued for
-  // the next half while this one waits for its buffer, so that the next
-  // load, which can only start once this half's codes have left the
-  // registers, hits L1 instead of L2. Per row, threads 0 and 1 take the two
-  // 128-byte lines of the half's 256 codes; in the hi half thread 2 takes the
-  // line of the tile scales (fp8_ds_mla) or of the rope codes (fp8).
-  __device__ __forceinline__ void prefetch(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
-    const int q = static_cast<int>(t % kThreadsPerRow);
-    if (q == 3 || (q == 2 && half == kLo)) return;
-    const int offset = q < 2 ? 64 * first_block(half) + 128 * q : kLatentDim;
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const std::int32_t s = w.checked(slots[i]);
-      if (s >= 0) pl::prefetch_l1(w.p->kv_cache + static_cast<std::int64_t>(s) * kBytesPerToken + offset);
     }
   }
 

@@ -34,17 +34,10 @@ inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpg
 // consumer registers (at 208 / 88 the fp8_ds_mla producer spills 40 bytes, fp8
 // 4; at 200 / 104 both spill 36 bytes).
 inline constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168
-// Experiment (A/B in one device call): the fp8 producer prefetches the next
-// half's lines into L1 (head_rows_gather.cuh), which needs more producer
-// registers (at 208 / 88 it spills 192 bytes, at 200 / 104 96 bytes).
-#ifndef DSMLA_SPARSE_L1_PREFETCH
-#define DSMLA_SPARSE_L1_PREFETCH 0
-#endif
-inline constexpr bool kPrefetchNextHalf = DSMLA_SPARSE_L1_PREFETCH != 0;
 template <bool kFp8>
-inline constexpr int kConsumerRegs = kFp8 ? (kPrefetchNextHalf ? 200 : 208) : 224;
+inline constexpr int kConsumerRegs = kFp8 ? 208 : 224;
 template <bool kFp8>
-inline constexpr int kProducerRegs = kFp8 ? (kPrefetchNextHalf ? 104 : 88) : 56;
+inline constexpr int kProducerRegs = kFp8 ? 88 : 56;
 template <bool kFp8>
 inline constexpr bool kRegisterBudgetFits =
     2 * 128 * kConsumerRegs<kFp8> + 128 * kProducerRegs<kFp8> <= kThreads * kLaunchRegs;

@@ -58,12 +58,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     ++q_loads;
 
     // b and half as template arguments: every loop bound and offset is static.
-    // next_b / next_half: the half gathered after this one in the round, whose
-    // lines are prefetched (before this half's loads fill the registers)
-    // while this one waits (none after the last: the
-    // next round's slots are not loaded yet).
-    auto gather = [&]<int b, int half, int next_b, int next_half>() {
-      if constexpr (kPrefetchNextHalf && next_b >= 0) keys.prefetch(w, slots[next_b], next_half);
+    auto gather = [&]<int b, int half>() {
       keys.load(w, slots[b], half);
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
       keys.store(w, slots[b], half, smem + kSmemK + b * kTileBytes, bars.full(b, half));
@@ -81,10 +76,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     int count_ahead = 0, item_ahead = items;
     for (int r = 0; r < w.rounds; ++r, ++round) {
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
-      gather.template operator()<0, kLo, 1, kHi>();
-      gather.template operator()<1, kHi, 0, kHi>();
-      gather.template operator()<0, kHi, 1, kLo>();
-      gather.template operator()<1, kLo, -1, kLo>();
+      gather.template operator()<0, kLo>();
+      gather.template operator()<1, kHi>();
+      gather.template operator()<0, kHi>();
+      gather.template operator()<1, kLo>();
       // Slots of the next round, or of the next item's first round: issued
       // now, used after the consumers release a buffer.
       const bool more = r + 1 < w.rounds;
