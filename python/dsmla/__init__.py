@@ -19,6 +19,7 @@ from ._dsmla import (
     cuda_compiled,
     default_softmax_scale,
     load_case,
+    make_case,
     run_case,
 )
 from ._attention import Attention, Plan, bf16_bits_to_float32, float32_to_bf16_bits
@@ -36,5 +37,6 @@ __all__ = [
     "default_softmax_scale",
     "float32_to_bf16_bits",
     "load_case",
+    "make_case",
     "run_case",
 ]

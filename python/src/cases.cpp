@@ -11,6 +11,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
 #include "case_runner.hpp"
@@ -101,6 +102,34 @@ nb::dict run_case(const std::string& path, const std::string& backend, const std
   return d;
 }
 
+// `dsmla make-case` from Python (the same generator, make_synthetic_case):
+// the GPU tests make their cases without the command line tool.
+void make_case(const std::string& path, const std::vector<int>& seq_lens, const std::vector<int>& query_lens,
+               int num_heads, const std::string& cache_format, int block_size, int topk, float k_scale,
+               const std::string& policy, const std::string& topk_fill, int padding_tokens, std::uint64_t seed) {
+  SyntheticSpec spec;
+  spec.seq_lens = seq_lens;
+  spec.query_lens = query_lens;
+  spec.num_heads = num_heads;
+  spec.cache_format = parse_cache_format(cache_format);
+  spec.block_size = block_size;
+  spec.topk = topk;
+  spec.k_scale = k_scale;
+  spec.policy = parse_routing_policy(policy);
+  if (topk_fill == "causal_full")
+    spec.topk_fill = TopkFill::causal_full;
+  else if (topk_fill == "random_subset")
+    spec.topk_fill = TopkFill::random_subset;
+  else if (topk_fill == "all_empty")
+    spec.topk_fill = TopkFill::all_empty;
+  else
+    throw Error("topk_fill '" + printable(topk_fill) + "': expected causal_full, random_subset or all_empty");
+  spec.padding_tokens = padding_tokens;
+  spec.seed = seed;
+  nb::gil_scoped_release release;
+  save_case(path, make_synthetic_case(spec));
+}
+
 }  // namespace
 
 void bind_cases(nb::module_& m) {
@@ -110,6 +139,11 @@ void bind_cases(nb::module_& m) {
   m.def("run_case", &run_case, nb::arg("path"), nb::arg("backend") = "cpu", nb::arg("policy") = nb::none(),
         nb::arg("threads") = 0,
         "Runs one forward of a case file like `dsmla run`: returns out (float32), lse, kv_cache.");
+  m.def("make_case", &make_case, nb::arg("path"), nb::arg("seq_lens"), nb::arg("query_lens"),
+        nb::arg("num_heads") = 16, nb::arg("cache_format") = "bf16", nb::arg("block_size") = 64,
+        nb::arg("topk") = 2048, nb::arg("k_scale") = 1.0f, nb::arg("policy") = "per_request",
+        nb::arg("topk_fill") = "causal_full", nb::arg("padding_tokens") = 0, nb::arg("seed") = 1,
+        "Writes a synthetic case file, as `dsmla make-case --seq-lens .. --query-lens ..` does.");
 }
 
 }  // namespace dsmla::python

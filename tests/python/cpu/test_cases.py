@@ -123,3 +123,13 @@ def test_bad_policy_and_backend(make_case):
         dsmla.run_case(case, policy="sparsest")
     with pytest.raises(ValueError, match="backend 'tpu'"):
         dsmla.run_case(case, backend="tpu")
+
+
+def test_make_case_writes_what_the_cli_writes(cli, make_case, tmp_path):
+    ours = tmp_path / "ours.safetensors"
+    dsmla.make_case(str(ours), [96, 33], [2, 33], num_heads=32, cache_format="fp8", block_size=64, topk=32,
+                    k_scale=0.5, topk_fill="random_subset", seed=7)
+    theirs = make_case("fp8_random_topk", *CASES["fp8_random_topk"])
+    assert ours.read_bytes() == theirs.read_bytes()
+    with pytest.raises(ValueError, match="query_len 5 > seq_len 4"):
+        dsmla.make_case(str(tmp_path / "bad.safetensors"), [4], [5])
