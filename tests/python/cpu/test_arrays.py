@@ -111,3 +111,19 @@ def test_import_does_not_import_torch():
     code = "import sys, dsmla; dsmla.Attention(16, backend='cpu'); print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_torch_modules_compile_and_need_torch_only_when_imported():
+    # dsmla.torch and the transformers adapter run only on the GPU machine:
+    # here at least their source must compile, and importing them without
+    # torch must fail with torch's own ImportError, not something else.
+    import pathlib
+    import py_compile
+    pkg = pathlib.Path(dsmla.__file__).parent
+    for f in ["torch.py", "integrations/__init__.py", "integrations/transformers.py"]:
+        py_compile.compile(str(pkg / f), doraise=True)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="torch"):
+            import dsmla.torch  # noqa: F401
