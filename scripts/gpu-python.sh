@@ -43,8 +43,8 @@ start=$SECONDS
 rm -rf "$site"
 PYTHONPATH=$tools CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$py" -m pip install -v --disable-pip-version-check \
   --no-build-isolation --no-deps --no-index --target "$site" \
-  -C cmake.define.DSMLA_ENABLE_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
-  -C "build-dir=$work/build" . >>"$out/python-build.log" 2>&1
+  --config-settings=cmake.define.DSMLA_ENABLE_CUDA=ON --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a \
+  --config-settings="build-dir=$work/build" . >>"$out/python-build.log" 2>&1
 rc=$?
 echo "build: rc $rc, $((SECONDS - start)) s"; tail -5 "$out/python-build.log"
 [ $rc = 0 ] || { grep -nE "error|Error" "$out/python-build.log" | head -30; echo "BUILD FAILED"; exit 1; }

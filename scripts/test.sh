@@ -33,7 +33,7 @@ if [ $python = 1 ]; then
   # --no-build-isolation: the venv's pinned scikit-build-core / nanobind build it.
   # The wheel's own build tree (build-python/) rebuilds incrementally.
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/venv/bin/python -m pip install -q --no-build-isolation --no-deps \
-    --disable-pip-version-check -C cmake.define.DSMLA_ENABLE_CUDA=OFF .
+    --disable-pip-version-check --config-settings=cmake.define.DSMLA_ENABLE_CUDA=OFF .
   DSMLA_CLI=$root/build/dsmla build/venv/bin/python -m pytest -q tests/python/cpu
 fi
 

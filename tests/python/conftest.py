@@ -16,7 +16,11 @@ sys.path.insert(0, str(HERE))  # safetensors_np
 
 
 def _cli_path():
-    p = os.environ.get("DSMLA_CLI") or str(REPO / "build" / "dsmla")
+    given = os.environ.get("DSMLA_CLI")
+    p = given or str(REPO / "build" / "dsmla")
+    if given and not os.access(p, os.X_OK):
+        # Named explicitly (scripts/test.sh does): a missing tool is an error, not a skip.
+        pytest.fail(f"DSMLA_CLI={given} is not an executable", pytrace=False)
     return p if os.access(p, os.X_OK) else None
 
 
