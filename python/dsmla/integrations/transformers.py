@@ -169,11 +169,12 @@ def _make_forward(attn, state):
     topk = state.config.index_topk
 
     def indexer_topk(hidden_states, q_resid, position_embeddings, st):
-        kwargs = dict(hidden_states=hidden_states, q_resid=q_resid, position_embeddings=position_embeddings,
-                      attention_mask=st.index_mask, past_key_values=index_cache)
+        # The first four by position (their names vary between versions), the rest by name.
+        kwargs = {"past_key_values": index_cache}
         if "position_ids" in indexer_params:
             kwargs["position_ids"] = st.positions
-        idx = attn.indexer(**kwargs)  # [B, S, min(topk, ctx + S)] positions
+        idx = attn.indexer(hidden_states, q_resid, position_embeddings, st.index_mask, **kwargs)
+        # idx: [B, S, min(topk, ctx + S)] positions
         # Below top-k keys the indexer also returns masked (future) positions: drop them.
         idx = torch.where(idx <= st.positions[..., None], idx, -1)
         if idx.shape[-1] < topk:
