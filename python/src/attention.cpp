@@ -112,7 +112,7 @@ class PyAttention {
     in.softmax_scale = a.softmax_scale;
     in.k_scale = a.k_scale;
     in.q_scale = a.q_scale;
-    void* ws = workspace(a.workspace, p.workspace_bytes, w);
+    void* ws = workspace(a.workspace, att_.workspace_bytes(), w);
     void* stream = reinterpret_cast<void*>(a.stream);
 
     nb::gil_scoped_release release;
