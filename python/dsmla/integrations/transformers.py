@@ -19,7 +19,8 @@ length (no padding); positions are the adapter's, not ``position_ids``'.
 Written against transformers' modeling_deepseek_v32.py of 2026 (attention
 modules with q_a_proj / q_a_layernorm / q_b_proj / kv_a_proj_with_mqa /
 kv_a_layernorm / kv_b_proj / o_proj, an ``indexer`` submodule returning top-k
-positions and storing its keys through ``past_key_values.update_indexer``).
+positions and storing its keys through ``update_indexer`` of the cache it is
+given as ``cache`` (transformers 5.24) or ``past_key_values`` (earlier)).
 """
 import inspect
 import math
@@ -154,23 +155,33 @@ def _rope_function(attn):
     return fn
 
 
+def cache_argument(forward):
+    """The name under which a forward of this transformers version takes the cache:
+    `cache` (5.2x on) or `past_key_values` (earlier; later a deprecated alias)."""
+    params = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
 def _indexer_call(indexer):
-    params = inspect.signature(indexer.forward).parameters
-    if "past_key_values" not in params:
-        raise ValueError("the DeepSeek-V3.2 indexer takes no past_key_values: unsupported transformers version")
-    return set(params)
+    name = cache_argument(indexer.forward)
+    if name is None:
+        raise ValueError("the DeepSeek-V3.2 indexer takes no cache argument: unsupported transformers version")
+    return name, set(inspect.signature(indexer.forward).parameters)
 
 
 def _make_forward(attn, state):
     rope = _rope_function(attn)
-    indexer_params = _indexer_call(attn.indexer)
+    indexer_cache_arg, indexer_params = _indexer_call(attn.indexer)
     index_cache = _IndexerCache(state)
     H, layer = attn.num_heads, attn.layer_idx
     topk = state.config.index_topk
 
     def indexer_topk(hidden_states, q_resid, position_embeddings, st):
         # The first four by position (their names vary between versions), the rest by name.
-        kwargs = {"past_key_values": index_cache}
+        kwargs = {indexer_cache_arg: index_cache}
         if "position_ids" in indexer_params:
             kwargs["position_ids"] = st.positions
         idx = attn.indexer(hidden_states, q_resid, position_embeddings, st.index_mask, **kwargs)
@@ -181,8 +192,8 @@ def _make_forward(attn, state):
             idx = torch.nn.functional.pad(idx, (0, topk - idx.shape[-1]), value=-1)
         return idx.reshape(-1, topk).to(torch.int32).contiguous()
 
-    def forward(hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
-                position_ids=None, **kwargs):
+    def forward(hidden_states, position_embeddings=None, attention_mask=None, *args, position_ids=None, **kwargs):
+        # transformers' cache (`cache` / `past_key_values`) is not used: the adapter is the cache.
         st = state.step
         if st is None:
             raise RuntimeError("dsmla: call the model, not one attention layer (the adapter plans per model call)")
@@ -236,7 +247,8 @@ def enable(model, cache_format="bf16", policy="per_request", block_size=64, max_
         st = state.begin(x.shape[0], x.shape[1])
         kwargs["position_ids"] = st.positions
         kwargs["use_cache"] = False
-        kwargs["past_key_values"] = None
+        kwargs.pop("past_key_values", None)
+        kwargs.pop("cache", None)
         return args, kwargs
 
     def post_hook(module, args, output):
