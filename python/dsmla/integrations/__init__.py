@@ -1,0 +1,1 @@
+"""Adapters that put dsmla under other projects' models (imported on demand)."""

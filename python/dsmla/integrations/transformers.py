@@ -1,0 +1,274 @@
+"""dsmla under transformers' DeepSeek-V3.2 (``DeepseekV32ForCausalLM``, transformers 5.x).
+
+    from dsmla.integrations import transformers as dsmla_hf
+    state = dsmla_hf.enable(model, cache_format="fp8_ds_mla", max_seq_len=4096)
+    logits = model(input_ids).logits              # prefill: the prompt of every row
+    logits = model(next_ids[:, None]).logits      # decode steps: one token per row
+    state.reset()                                 # new sequences
+    dsmla_hf.disable(model)
+
+``enable`` replaces the forward of every ``DeepseekV32Attention``: the layer's
+own projections, norms, rotary embedding and indexer run as in transformers
+(the indexer chooses the top-k), and attention itself is one
+``torch.ops.dsmla.forward`` per layer over dsmla's paged latent cache. The
+adapter owns that cache and the indexer's key cache, so the model is called
+without a transformers cache (``use_cache`` is forced off) and each call
+continues the sequences of the previous one. Rows are requests of equal
+length (no padding); positions are the adapter's, not ``position_ids``'.
+
+Written against transformers' modeling_deepseek_v32.py of 2026 (attention
+modules with q_a_proj / q_a_layernorm / q_b_proj / kv_a_proj_with_mqa /
+kv_a_layernorm / kv_b_proj / o_proj, an ``indexer`` submodule returning top-k
+positions and storing its keys through ``update_indexer`` of the cache it is
+given as ``cache`` (transformers 5.24) or ``past_key_values`` (earlier)).
+"""
+import inspect
+import math
+import sys
+
+import numpy as np
+import torch
+
+from .. import bytes_per_token
+from .. import torch as dsmla_torch
+
+_DIMS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "kv_lora_rank": 512}
+
+
+def _attention_modules(model):
+    mods = [m for m in model.modules() if type(m).__name__ == "DeepseekV32Attention"]
+    if not mods:
+        raise ValueError(f"{type(model).__name__} has no DeepseekV32Attention module")
+    return mods
+
+
+def _base_model(model):
+    base = getattr(model, "model", model)
+    if not hasattr(base, "layers"):
+        raise ValueError(f"{type(model).__name__}: expected a DeepseekV32ForCausalLM or DeepseekV32Model")
+    return base
+
+
+class _IndexerCache:
+    """What the indexer sees as ``past_key_values``: its keys of every position so far."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def update_indexer(self, keys, layer_idx):
+        st = self.state
+        buf = st.index_keys.get(layer_idx)
+        if buf is None or buf.dtype != keys.dtype:
+            buf = keys.new_zeros((st.num_requests, st.max_seq_len, keys.shape[-1]))
+            st.index_keys[layer_idx] = buf
+        lo, hi = st.step.ctx, st.step.ctx + keys.shape[1]
+        buf[:, lo:hi] = keys
+        return buf[:, :hi]
+
+
+class _Step:
+    """The batch metadata of one model call, shared by every layer."""
+
+
+class DsmlaState:
+    """The paged latent cache of every layer, the indexer's key caches and the sequence lengths."""
+
+    def __init__(self, model, cache_format, policy, block_size, max_seq_len, dense_cost_factor):
+        cfg = model.config
+        self.config = cfg
+        self.device = next(model.parameters()).device
+        self.cache_format = cache_format
+        self.block_size = int(block_size)
+        self.max_seq_len = int(max_seq_len)
+        self.blocks_per_request = math.ceil(self.max_seq_len / self.block_size)
+        self.attention = dsmla_torch.Attention(cfg.num_attention_heads, cache_format=cache_format,
+                                               topk=cfg.index_topk, policy=policy, device=self.device,
+                                               dense_cost_factor=dense_cost_factor)
+        self.num_requests = 0
+        self.kv_caches = {}
+        self.index_keys = {}
+        self.ctx = 0
+        self.step = None
+
+    def reset(self):
+        """Forgets every sequence (the caches are kept and overwritten)."""
+        self.ctx = 0
+        self.step = None
+        self.index_keys.clear()
+
+    def _allocate(self, num_requests):
+        self.num_requests = num_requests
+        blocks = num_requests * self.blocks_per_request
+        self.num_blocks = blocks
+        # Request r owns blocks [r * blocks_per_request, (r + 1) * blocks_per_request).
+        self.block_table_host = np.arange(blocks, dtype=np.int32).reshape(num_requests, self.blocks_per_request)
+        self.block_table = torch.from_numpy(self.block_table_host).to(self.device)
+        self.kv_caches = {}
+
+    def kv_cache(self, layer_idx):
+        c = self.kv_caches.get(layer_idx)
+        if c is None:
+            c = torch.zeros((self.num_blocks, self.block_size, bytes_per_token(self.cache_format)),
+                            dtype=torch.uint8, device=self.device)
+            self.kv_caches[layer_idx] = c
+        return c
+
+    def begin(self, batch, length):
+        if self.ctx == 0 and batch != self.num_requests:
+            self._allocate(batch)
+        if batch != self.num_requests:
+            raise ValueError(f"dsmla: the sequences have {self.num_requests} rows, this call {batch} (reset() first)")
+        if self.ctx + length > self.max_seq_len:
+            raise ValueError(f"dsmla: {self.ctx} + {length} tokens exceed max_seq_len {self.max_seq_len}")
+        st = _Step()
+        st.ctx, st.length = self.ctx, length
+        seq = self.ctx + length
+        pos = np.arange(self.ctx, seq)
+        B, bs = batch, self.block_size
+        slots = (self.block_table_host[:, pos // bs].astype(np.int64) * bs + pos % bs).reshape(-1)
+        qsl = np.arange(B + 1, dtype=np.int32) * length
+        seq_lens = np.full(B, seq, dtype=np.int32)
+        self.attention.plan(qsl, seq_lens, self.block_table_host, slots, self.num_blocks, bs)
+        dev = self.device
+        st.query_start_loc = torch.from_numpy(qsl).to(dev)
+        st.seq_lens = torch.from_numpy(seq_lens).to(dev)
+        st.slot_mapping = torch.from_numpy(slots).to(dev)
+        st.positions = torch.arange(self.ctx, seq, device=dev).expand(B, length)  # [B, S]
+        # The indexer's additive mask over [B, S, ctx + S]: each token sees positions <= its own.
+        keys = torch.arange(seq, device=dev)
+        st.index_mask = torch.where(keys[None, None, :] <= st.positions[..., None], 0.0, float("-inf"))
+        self.step = st
+        return st
+
+    def end(self):
+        if self.step is not None:
+            self.ctx += self.step.length
+            self.step = None
+
+
+def _rope_function(attn):
+    # The model's own interleaved rotary embedding, from its modeling module.
+    mod = sys.modules[type(attn).__module__]
+    fn = getattr(mod, "apply_rotary_pos_emb_interleave", None)
+    if fn is None:
+        raise ValueError(f"{mod.__name__} has no apply_rotary_pos_emb_interleave: unsupported transformers version")
+    return fn
+
+
+def cache_argument(forward):
+    """The name under which a forward of this transformers version takes the cache:
+    `cache` (5.2x on) or `past_key_values` (earlier; later a deprecated alias)."""
+    params = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
+def _indexer_call(indexer):
+    name = cache_argument(indexer.forward)
+    if name is None:
+        raise ValueError("the DeepSeek-V3.2 indexer takes no cache argument: unsupported transformers version")
+    return name, set(inspect.signature(indexer.forward).parameters)
+
+
+def _make_forward(attn, state):
+    rope = _rope_function(attn)
+    indexer_cache_arg, indexer_params = _indexer_call(attn.indexer)
+    index_cache = _IndexerCache(state)
+    H, layer = attn.num_heads, attn.layer_idx
+    topk = state.config.index_topk
+
+    def indexer_topk(hidden_states, q_resid, position_embeddings, st):
+        # The first four by position (their names vary between versions), the rest by name.
+        kwargs = {indexer_cache_arg: index_cache}
+        if "position_ids" in indexer_params:
+            kwargs["position_ids"] = st.positions
+        idx = attn.indexer(hidden_states, q_resid, position_embeddings, st.index_mask, **kwargs)
+        # idx: [B, S, min(topk, ctx + S)] positions
+        # Below top-k keys the indexer also returns masked (future) positions: drop them.
+        idx = torch.where(idx <= st.positions[..., None], idx, -1)
+        if idx.shape[-1] < topk:
+            idx = torch.nn.functional.pad(idx, (0, topk - idx.shape[-1]), value=-1)
+        return idx.reshape(-1, topk).to(torch.int32).contiguous()
+
+    def forward(hidden_states, position_embeddings=None, attention_mask=None, *args, position_ids=None, **kwargs):
+        # transformers' cache (`cache` / `past_key_values`) is not used: the adapter is the cache.
+        st = state.step
+        if st is None:
+            raise RuntimeError("dsmla: call the model, not one attention layer (the adapter plans per model call)")
+        B, S, _ = hidden_states.shape
+        bf16 = torch.bfloat16
+        q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))
+        q = attn.q_b_proj(q_resid).view(B, S, H, attn.qk_head_dim)
+        q_nope, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
+        kv_pass, k_rot = torch.split(attn.kv_a_proj_with_mqa(hidden_states),
+                                     [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
+        kv_c = attn.kv_a_layernorm(kv_pass)
+        cos, sin = position_embeddings
+        q_rot, k_rot = rope(q_rot.transpose(1, 2), k_rot.view(B, 1, S, attn.qk_rope_head_dim), cos, sin)
+        q_full = torch.cat([q_nope, q_rot.transpose(1, 2)], dim=-1).reshape(B * S, H, attn.qk_head_dim)
+        out, _ = state.attention(
+            q_full.to(bf16).contiguous(), kv_c.reshape(B * S, -1).to(bf16).contiguous(),
+            k_rot.reshape(B * S, -1).to(bf16).contiguous(), attn._dsmla_w_kv_b, state.kv_cache(layer),
+            state.block_table, st.seq_lens, st.query_start_loc, st.slot_mapping,
+            indexer_topk(hidden_states, q_resid, position_embeddings, st), attn.scaling)
+        return attn.o_proj(out.view(B, S, H * attn.v_head_dim).to(hidden_states.dtype)), None
+
+    return forward
+
+
+def enable(model, cache_format="bf16", policy="per_request", block_size=64, max_seq_len=4096,
+           dense_cost_factor=None):
+    """Switches every attention layer of a DeepSeek-V3.2 model to dsmla; returns the adapter's state."""
+    base = _base_model(model)
+    if getattr(model, "_dsmla_state", None) is not None:
+        disable(model)
+    mods = _attention_modules(model)
+    for m in mods:
+        for name, want in _DIMS.items():
+            if getattr(m, name) != want:
+                raise ValueError(f"dsmla supports {name} {want}, the model has {getattr(m, name)}")
+        if m.q_a_proj is None:
+            raise ValueError("dsmla: the model has no q_lora_rank (q_a_proj): unsupported")
+    state = DsmlaState(model, cache_format, policy, block_size, max_seq_len, dense_cost_factor)
+    for m in mods:
+        # [H*256, 512] bf16: per head W_UK then W_UV, as kv_b_proj stores them.
+        m._dsmla_w_kv_b = m.kv_b_proj.weight.detach().to(torch.bfloat16).contiguous()
+        m.forward = _make_forward(m, state)
+
+    def pre_hook(module, args, kwargs):
+        x = kwargs.get("input_ids", args[0] if args else None)
+        if x is None:
+            x = kwargs["inputs_embeds"]
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(torch.all(mask != 0)):
+            raise ValueError("dsmla: padded batches are not supported (attention_mask has zeros)")
+        st = state.begin(x.shape[0], x.shape[1])
+        kwargs["position_ids"] = st.positions
+        kwargs["use_cache"] = False
+        kwargs.pop("past_key_values", None)
+        kwargs.pop("cache", None)
+        return args, kwargs
+
+    def post_hook(module, args, output):
+        state.end()
+
+    state._hooks = [base.register_forward_pre_hook(pre_hook, with_kwargs=True),
+                    base.register_forward_hook(post_hook)]
+    state._modules = mods
+    model._dsmla_state = state
+    return state
+
+
+def disable(model):
+    """Restores transformers' attention (the dsmla caches are dropped)."""
+    state = getattr(model, "_dsmla_state", None)
+    if state is None:
+        return
+    for h in state._hooks:
+        h.remove()
+    for m in state._modules:
+        del m.forward  # the class's forward again
+        del m._dsmla_w_kv_b
+    model._dsmla_state = None
