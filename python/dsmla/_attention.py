@@ -37,13 +37,18 @@ class Attention:
     backend: "cpu", "cuda" or "auto" (cuda when a GPU is usable).
     policy: "per_request", "per_batch" or "force_sparse" (docs/api.md, Routing).
     dense_cost_factor: multiplies the dense side of the cost model (None: 1.0).
+    indexer: the lightning indexer (DESIGN §6) chooses each sparse token's
+    top-k; run() then takes the index inputs instead of topk_indices.
     """
 
     def __init__(self, num_heads, cache_format="bf16", topk=2048, backend="auto", policy="per_request",
-                 decode_threshold=1, dense_cost_factor=None):
+                 decode_threshold=1, dense_cost_factor=None, *, indexer=False, index_num_heads=64,
+                 index_head_dim=128):
         self._native = _dsmla.Attention(int(num_heads), str(cache_format), int(topk), str(backend), str(policy),
                                         int(decode_threshold),
-                                        1.0 if dense_cost_factor is None else float(dense_cost_factor))
+                                        1.0 if dense_cost_factor is None else float(dense_cost_factor),
+                                        bool(indexer), int(index_num_heads), int(index_head_dim))
+        self.indexer = bool(indexer)
         self.num_heads = int(num_heads)
         self.cache_format = str(cache_format)
         self.topk = int(topk)
@@ -81,7 +86,8 @@ class Attention:
         return self._plan
 
     def run(self, q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens, query_start_loc, slot_mapping,
-            topk_indices, out, lse, softmax_scale, k_scale=1.0, workspace=None, stream=None, *, q_scale=1.0):
+            topk_indices, out, lse, softmax_scale, k_scale=1.0, workspace=None, stream=None, *, q_scale=1.0,
+            index_q=None, index_weights=None, index_k=None, index_cache=None, topk_indices_out=None):
         """Runs the planned batch: writes the new tokens into kv_cache, out and lse.
 
         Arrays: host arrays on the cpu backend, CUDA tensors on the cuda
@@ -91,12 +97,16 @@ class Attention:
         when a plan needs more: pass one to capture run() in a CUDA graph).
         stream: None, an int cudaStream_t, or a torch / CuPy stream.
         The cpu backend checks every top-k index; the cuda backend never
-        allocates or synchronises. Index inputs of the indexer will be
-        further keyword arguments.
+        allocates or synchronises.
+        With indexer=True: topk_indices must be None, and index_q [T, Hi, Di]
+        e4m3 codes (uint8), index_weights [T, Hi] float32, index_k [T, Di]
+        bf16 and index_cache [num_blocks, block_size, Di + 4] uint8 (updated
+        in place) are required; topk_indices_out [T, topk] int32, if given,
+        receives the positions used (-1 rows for dense-routed tokens).
         """
         self._native.run(q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens, query_start_loc, slot_mapping,
                          topk_indices, out, lse, float(softmax_scale), float(k_scale), float(q_scale), workspace,
-                         _stream_handle(stream))
+                         _stream_handle(stream), index_q, index_weights, index_k, index_cache, topk_indices_out)
 
 
 class Plan:

@@ -28,6 +28,9 @@ struct RunArgs {
   AnyArray block_table, seq_lens, query_start_loc, slot_mapping;
   std::optional<AnyArray> topk_indices;
   MutArray out, lse;
+  // Lightning indexer (Attention(indexer=True)): index_q, index_weights, index_k, index_cache, topk_indices_out.
+  std::optional<AnyArray> index_q, index_weights, index_k;
+  std::optional<MutArray> index_cache, topk_indices_out;
   float softmax_scale, k_scale, q_scale;
   std::optional<MutArray> workspace;
   std::uintptr_t stream;
@@ -36,9 +39,10 @@ struct RunArgs {
 class PyAttention {
  public:
   PyAttention(int num_heads, const std::string& cache_format, int topk, const std::string& backend,
-              const std::string& policy, int decode_threshold, double dense_cost_factor)
+              const std::string& policy, int decode_threshold, double dense_cost_factor, bool indexer,
+              int index_num_heads, int index_head_dim)
       : att_(parse_backend(backend), make_options(num_heads, cache_format, topk, policy, decode_threshold,
-                                                  dense_cost_factor)) {}
+                                                  dense_cost_factor, indexer, index_num_heads, index_head_dim)) {}
 
   std::string backend() const { return att_.backend() == BackendKind::cuda ? "cuda" : "cpu"; }
 
@@ -101,7 +105,9 @@ class PyAttention {
     in.query_start_loc =
         static_cast<const std::int32_t*>(checked("query_start_loc", a.query_start_loc, Kind::i32, w, {R + 1}));
     in.slot_mapping = static_cast<const std::int64_t*>(checked("slot_mapping", a.slot_mapping, Kind::i64, w, {T}));
-    if (a.topk_indices)
+    if (p.options.indexer)
+      set_index_inputs(a, p, w, in);
+    else if (a.topk_indices)
       in.topk_indices = static_cast<const std::int32_t*>(
           checked("topk_indices", *a.topk_indices, Kind::i32, w, {T, p.options.topk}));
     else if (p.num_sparse_tokens() > 0)
@@ -123,6 +129,27 @@ class PyAttention {
   }
 
  private:
+  // The indexer chooses the top-k itself: topk_indices must be None, the index
+  // inputs are required; topk_indices_out (optional) receives the selection.
+  static void set_index_inputs(const RunArgs& a, const Plan& p, Where w, ForwardInputs& in) {
+    if (a.topk_indices) throw Error("topk_indices: must be None when the indexer chooses the top-k (indexer=True)");
+    const std::int64_t T = p.num_tokens, Hi = p.options.index_num_heads, Di = p.options.index_head_dim;
+    const std::int64_t blocks = p.block_size > 0 ? p.num_cache_slots / p.block_size : 0;
+    auto need = [](const auto& arg, const char* name) -> const auto& {
+      if (!arg) throw Error(std::string(name) + ": required when indexer=True, got None");
+      return *arg;
+    };
+    in.index_q = static_cast<const std::uint8_t*>(checked("index_q", need(a.index_q, "index_q"), Kind::bytes, w, {T, Hi, Di}));
+    in.index_weights = static_cast<const float*>(
+        checked("index_weights", need(a.index_weights, "index_weights"), Kind::f32, w, {T, Hi}));
+    in.index_k = static_cast<const std::uint16_t*>(checked("index_k", need(a.index_k, "index_k"), Kind::bf16, w, {T, Di}));
+    in.index_cache = static_cast<std::uint8_t*>(const_cast<void*>(
+        checked("index_cache", need(a.index_cache, "index_cache"), Kind::bytes, w, {blocks, p.block_size, Di + 4})));
+    if (a.topk_indices_out)
+      in.topk_indices_out = static_cast<std::int32_t*>(
+          const_cast<void*>(checked("topk_indices_out", *a.topk_indices_out, Kind::i32, w, {T, p.options.topk})));
+  }
+
   static BackendKind parse_backend(const std::string& name) {
     if (name == "cpu") return BackendKind::cpu;
     if (name == "cuda") return BackendKind::cuda;
@@ -131,8 +158,12 @@ class PyAttention {
   }
 
   static PlanOptions make_options(int num_heads, const std::string& cache_format, int topk,
-                                  const std::string& policy, int decode_threshold, double dense_cost_factor) {
+                                  const std::string& policy, int decode_threshold, double dense_cost_factor,
+                                  bool indexer, int index_num_heads, int index_head_dim) {
     PlanOptions o;
+    o.indexer = indexer;
+    o.index_num_heads = index_num_heads;
+    o.index_head_dim = index_head_dim;
     o.num_heads = num_heads;
     o.cache_format = parse_cache_format(cache_format);
     o.topk = topk;
@@ -185,9 +216,11 @@ void bind_attention(nb::module_& m) {
       .def("to_json", &Plan::to_json, "The plan as `dsmla plan` prints it (JSON text).");
 
   nb::class_<PyAttention>(m, "Attention")
-      .def(nb::init<int, const std::string&, int, const std::string&, const std::string&, int, double>(),
+      .def(nb::init<int, const std::string&, int, const std::string&, const std::string&, int, double, bool, int,
+                    int>(),
            nb::arg("num_heads"), nb::arg("cache_format"), nb::arg("topk"), nb::arg("backend"), nb::arg("policy"),
-           nb::arg("decode_threshold"), nb::arg("dense_cost_factor"))
+           nb::arg("decode_threshold"), nb::arg("dense_cost_factor"), nb::arg("indexer"), nb::arg("index_num_heads"),
+           nb::arg("index_head_dim"))
       .def_prop_ro("backend", &PyAttention::backend)
       .def_prop_ro("workspace_bytes", &PyAttention::workspace_bytes)
       .def("plan", &PyAttention::plan, nb::arg("query_start_loc"), nb::arg("seq_lens"), nb::arg("block_table"),
@@ -197,14 +230,19 @@ void bind_attention(nb::module_& m) {
           [](PyAttention& self, AnyArray q, AnyArray kv_c, AnyArray k_pe, AnyArray w_kv_b, MutArray kv_cache,
              AnyArray block_table, AnyArray seq_lens, AnyArray query_start_loc, AnyArray slot_mapping,
              std::optional<AnyArray> topk_indices, MutArray out, MutArray lse, float softmax_scale, float k_scale,
-             float q_scale, std::optional<MutArray> workspace, std::uintptr_t stream) {
+             float q_scale, std::optional<MutArray> workspace, std::uintptr_t stream, std::optional<AnyArray> index_q,
+             std::optional<AnyArray> index_weights, std::optional<AnyArray> index_k,
+             std::optional<MutArray> index_cache, std::optional<MutArray> topk_indices_out) {
             self.run({q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens, query_start_loc, slot_mapping,
-                      topk_indices, out, lse, softmax_scale, k_scale, q_scale, workspace, stream});
+                      topk_indices, out, lse, index_q, index_weights, index_k, index_cache, topk_indices_out,
+                      softmax_scale, k_scale, q_scale, workspace, stream});
           },
           nb::arg("q"), nb::arg("kv_c"), nb::arg("k_pe"), nb::arg("w_kv_b"), nb::arg("kv_cache"),
           nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("query_start_loc"), nb::arg("slot_mapping"),
           nb::arg("topk_indices").none(), nb::arg("out"), nb::arg("lse"), nb::arg("softmax_scale"),
-          nb::arg("k_scale"), nb::arg("q_scale"), nb::arg("workspace").none(), nb::arg("stream"));
+          nb::arg("k_scale"), nb::arg("q_scale"), nb::arg("workspace").none(), nb::arg("stream"),
+          nb::arg("index_q").none(), nb::arg("index_weights").none(), nb::arg("index_k").none(),
+          nb::arg("index_cache").none(), nb::arg("topk_indices_out").none());
 }
 
 }  // namespace dsmla::python

@@ -78,6 +78,16 @@ nb::dict case_dict(Case&& c) {
     d["topk_indices"] = nb::none();
   else
     d["topk_indices"] = to_numpy(std::move(c.topk_indices), {T, sz(c.topk)});
+  d["indexer"] = c.indexer;
+  if (c.indexer) {
+    const std::size_t Hi = sz(c.index_num_heads), Di = sz(c.index_head_dim);
+    d["index_num_heads"] = c.index_num_heads;
+    d["index_head_dim"] = c.index_head_dim;
+    d["index_q"] = to_numpy(std::move(c.index_q), {T, Hi, Di});
+    d["index_weights"] = to_numpy(std::move(c.index_weights), {T, Hi});
+    d["index_k"] = to_numpy(std::move(c.index_k), {T, Di});
+    d["index_cache"] = to_numpy(std::move(c.index_cache), {sz(c.num_cache_blocks), sz(c.block_size), Di + 4});
+  }
   return d;
 }
 
@@ -99,6 +109,11 @@ nb::dict run_case(const std::string& path, const std::string& backend, const std
   d["lse"] = to_numpy(std::move(r.lse), {T, H});
   d["kv_cache"] = to_numpy(std::move(r.kv_cache),
                            {sz(c.num_cache_blocks), sz(c.block_size), sz(bytes_per_token(c.cache_format))});
+  if (c.indexer) {  // what the indexer selected, and the index cache after the run
+    d["topk_indices"] = to_numpy(std::move(r.topk_indices), {T, sz(c.topk)});
+    d["index_cache"] = to_numpy(std::move(r.index_cache),
+                                {sz(c.num_cache_blocks), sz(c.block_size), sz(c.index_head_dim) + 4});
+  }
   return d;
 }
 
@@ -138,7 +153,8 @@ void bind_cases(nb::module_& m) {
       "Reads a case file: its metadata and tensors (bf16 tensors as uint16 bits).");
   m.def("run_case", &run_case, nb::arg("path"), nb::arg("backend") = "cpu", nb::arg("policy") = nb::none(),
         nb::arg("threads") = 0,
-        "Runs one forward of a case file like `dsmla run`: returns out (float32), lse, kv_cache.");
+        "Runs one forward of a case file like `dsmla run`: returns out (float32), lse, kv_cache\n"
+        "(and, for indexer cases, topk_indices and index_cache).");
   m.def("make_case", &make_case, nb::arg("path"), nb::arg("seq_lens"), nb::arg("query_lens"),
         nb::arg("num_heads") = 16, nb::arg("cache_format") = "bf16", nb::arg("block_size") = 64,
         nb::arg("topk") = 2048, nb::arg("k_scale") = 1.0f, nb::arg("policy") = "per_request",

@@ -15,7 +15,11 @@ CASES = {
                          "--cache-format", "fp8_ds_mla", "--block-size", "16", "--padding-tokens", "3"],
     "fp8_random_topk": ["--seq-lens", "96,33", "--query-lens", "2,33", "--topk", "32", "--heads", "32",
                         "--cache-format", "fp8", "--k-scale", "0.5", "--topk-fill", "random_subset", "--seed", "7"],
+    # the lightning indexer picks the top-k: a decode and a prefill past topk, a short prompt routed dense
+    "indexer_bf16": ["--seq-lens", "300,40,200", "--query-lens", "1,40,120", "--topk", "64", "--indexer",
+                     "--index-heads", "32"],
 }
+INDEX_OUTPUTS = {"topk_indices", "index_cache"}
 
 
 def cli_run(cli, case, out, *extra):
@@ -30,7 +34,10 @@ def test_run_case_matches_cli_bytes(cli, make_case, tmp_path, name, policy):
     case = make_case(name, *CASES[name])
     tensors, meta = cli_run(cli, case, tmp_path / "out.safetensors", *(["--policy", policy] if policy else []))
     got = dsmla.run_case(str(case), backend="cpu", policy=policy)
-    assert set(got) == {"out", "lse", "kv_cache"}
+    indexer = name.startswith("indexer")
+    assert set(got) == {"out", "lse", "kv_cache"} | (INDEX_OUTPUTS if indexer else set())
+    for key in INDEX_OUTPUTS if indexer else ():
+        assert got[key].tobytes() == tensors[key][1].tobytes(), key
     assert got["out"].dtype == np.float32 and got["lse"].dtype == np.float32 and got["kv_cache"].dtype == np.uint8
     # bf16 -> float32 is exact, so the float32 out is compared bit for bit with the CLI's bf16.
     assert tensors["out"][0] == "BF16"
@@ -60,7 +67,8 @@ def test_attention_run_on_numpy_matches_run_case(make_case, name):
     case = str(make_case(name, *CASES[name]))
     c = dsmla.load_case(case)
     att = dsmla.Attention(c["num_heads"], cache_format=c["cache_format"], topk=c["topk"], backend="cpu",
-                          policy=c["policy"], decode_threshold=c["decode_threshold"])
+                          policy=c["policy"], decode_threshold=c["decode_threshold"], indexer=c["indexer"],
+                          **({k: c[k] for k in ("index_num_heads", "index_head_dim")} if c["indexer"] else {}))
     plan = att.plan(c["query_start_loc"], c["seq_lens"], c["block_table"], c["slot_mapping"],
                     c["num_cache_blocks"], c["block_size"])
     assert plan.num_tokens == c["num_tokens"]
@@ -68,10 +76,16 @@ def test_attention_run_on_numpy_matches_run_case(make_case, name):
     out = np.full((T, H * 128), 0x7FC0, dtype=np.uint16)  # NaN: a row left unwritten cannot pass
     lse = np.full((T, H), np.nan, dtype=np.float32)
     cache = c["kv_cache"].copy()
+    index = {}
+    if c["indexer"]:
+        index = dict(index_q=c["index_q"], index_weights=c["index_weights"], index_k=c["index_k"],
+                     index_cache=c["index_cache"].copy(), topk_indices_out=np.full((T, c["topk"]), 7, np.int32))
     att.run(c["q"], c["kv_c"], c["k_pe"], c["w_kv_b"], cache, c["block_table"], c["seq_lens"],
             c["query_start_loc"], c["slot_mapping"], c["topk_indices"], out, lse, c["softmax_scale"],
-            k_scale=c["k_scale"])
+            k_scale=c["k_scale"], **index)
     want = dsmla.run_case(case, backend="cpu")
+    for key in INDEX_OUTPUTS if c["indexer"] else ():
+        assert index[key if key == "index_cache" else "topk_indices_out"].tobytes() == want[key].tobytes(), key
     assert dsmla.bf16_bits_to_float32(out).tobytes() == want["out"].tobytes()
     assert lse.tobytes() == want["lse"].tobytes()
     assert cache.tobytes() == want["kv_cache"].tobytes()
@@ -133,3 +147,23 @@ def test_make_case_writes_what_the_cli_writes(cli, make_case, tmp_path):
     assert ours.read_bytes() == theirs.read_bytes()
     with pytest.raises(ValueError, match="query_len 5 > seq_len 4"):
         dsmla.make_case(str(tmp_path / "bad.safetensors"), [4], [5])
+
+
+def test_indexer_argument_errors(make_case):
+    c = dsmla.load_case(str(make_case("indexer_bf16", *CASES["indexer_bf16"])))
+    att = dsmla.Attention(c["num_heads"], topk=c["topk"], backend="cpu", indexer=True, index_num_heads=32)
+    att.plan(c["query_start_loc"], c["seq_lens"], c["block_table"], c["slot_mapping"], c["num_cache_blocks"],
+             c["block_size"])
+    T, H = c["num_tokens"], c["num_heads"]
+    args = [c["q"], c["kv_c"], c["k_pe"], c["w_kv_b"], c["kv_cache"].copy(), c["block_table"], c["seq_lens"],
+            c["query_start_loc"], c["slot_mapping"], None, np.zeros((T, H * 128), np.uint16),
+            np.zeros((T, H), np.float32), c["softmax_scale"]]
+    index = dict(index_q=c["index_q"], index_weights=c["index_weights"], index_k=c["index_k"],
+                 index_cache=c["index_cache"].copy())
+    with pytest.raises(ValueError, match="index_q: required when indexer=True"):
+        att.run(*args, **{k: v for k, v in index.items() if k != "index_q"})
+    with pytest.raises(ValueError, match="topk_indices: must be None"):
+        att.run(*args[:9], np.zeros((T, c["topk"]), np.int32), *args[10:], **index)
+    with pytest.raises(ValueError, match="index_weights"):
+        att.run(*args, **dict(index, index_weights=c["index_weights"][:, :16].copy()))
+    att.run(*args, **index)  # and the right arguments run
