@@ -241,8 +241,9 @@ void bind_attention(nb::module_& m) {
           nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("query_start_loc"), nb::arg("slot_mapping"),
           nb::arg("topk_indices").none(), nb::arg("out"), nb::arg("lse"), nb::arg("softmax_scale"),
           nb::arg("k_scale"), nb::arg("q_scale"), nb::arg("workspace").none(), nb::arg("stream"),
-          nb::arg("index_q").none(), nb::arg("index_weights").none(), nb::arg("index_k").none(),
-          nb::arg("index_cache").none(), nb::arg("topk_indices_out").none());
+          nb::arg("index_q").none() = nb::none(), nb::arg("index_weights").none() = nb::none(),
+          nb::arg("index_k").none() = nb::none(), nb::arg("index_cache").none() = nb::none(),
+          nb::arg("topk_indices_out").none() = nb::none());
 }
 
 }  // namespace dsmla::python
