@@ -9,7 +9,6 @@ namespace dsmla {
 namespace {
 constexpr double kItemOverheadBlocks = 1.0;
 constexpr double kMergeCostBlocks = 1.0;
-constexpr int kValueDim = 512;
 }  // namespace
 
 SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors) {
@@ -41,7 +40,7 @@ std::size_t sparse_split_lse_bytes(const SparseSplit& split, int num_tokens, int
 std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_tokens, int num_heads) {
   if (split.num_splits <= 1) return 0;
   return sparse_split_lse_bytes(split, num_tokens, num_heads) +
-         static_cast<std::size_t>(split.num_splits) * num_tokens * num_heads * kValueDim * sizeof(float);
+         static_cast<std::size_t>(split.num_splits) * num_tokens * num_heads * kLatentDim * sizeof(float);
 }
 
 }  // namespace dsmla

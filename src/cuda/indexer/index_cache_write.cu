@@ -19,6 +19,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fp8.cuh"
 #include "cuda/indexer/indexer.hpp"
+#include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
 
 namespace dsmla::cuda {
@@ -59,12 +60,10 @@ __global__ void __launch_bounds__(kThreads) index_cache_write_kernel(IndexCacheW
     packed |= static_cast<std::uint32_t>(float_to_e4m3(q)) << (8 * k);
   }
 
-  const std::int64_t block = slot / p.block_size;
-  const int row = static_cast<int>(slot - block * p.block_size);
-  std::uint8_t* block_base = p.index_cache + block * (std::int64_t{p.block_size} * (kIndexHeadDim + 4));
-  reinterpret_cast<std::uint32_t*>(block_base + std::int64_t{row} * kIndexHeadDim)[lane] = packed;
+  // The layout's offsets from dsmla/format.hpp (constexpr, so usable here).
+  reinterpret_cast<std::uint32_t*>(p.index_cache + index_code_offset(slot, p.block_size, kIndexHeadDim))[lane] = packed;
   if (lane == 0)
-    reinterpret_cast<float*>(block_base + std::int64_t{p.block_size} * kIndexHeadDim)[row] = scale;
+    *reinterpret_cast<float*>(p.index_cache + index_scale_offset(slot, p.block_size, kIndexHeadDim)) = scale;
 }
 
 }  // namespace
