@@ -63,6 +63,13 @@ for f in tests/python/gpu/test_torch_cuda.py tests/python/gpu/test_torch_cpu.py 
   line=$(tail -1 "$out/python-tests.log")
   summary+=("$(printf '%-42s rc %3d %4ds  %s' "$f" "$rc" $((SECONDS - start)) "$line")")
   [ $rc = 0 ] || [ $rc = 5 ] || status=1  # 5: nothing collected
+  # A crash (SIGSEGV 139, SIGABRT 134): the native backtrace, from cuda-gdb
+  # (the machine has no gdb; cuda-gdb debugs host code too), stopping at the first failure.
+  if { [ $rc = 139 ] || [ $rc = 134 ]; } && command -v cuda-gdb >/dev/null; then
+    echo "==== $f under cuda-gdb (rc $rc)" >>"$out/python-tests.log"
+    timeout 240 cuda-gdb -q -batch -ex run -ex bt -ex "info threads" --args "$py" -m pytest "$f" -x -q -p no:cacheprovider \
+      >>"$out/python-tests.log" 2>&1
+  fi
 done
 grep -E "^(FAILED|ERROR)|rel-L2|prefill of" "$out/python-tests.log" | head -60
 echo "== summary"

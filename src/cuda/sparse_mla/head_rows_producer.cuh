@@ -10,12 +10,19 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done.
+#ifndef DSMLA_SPARSE_L2_PREFETCH
+#define DSMLA_SPARSE_L2_PREFETCH 1
+#endif
+inline constexpr bool kL2Prefetch = DSMLA_SPARSE_L2_PREFETCH != 0;
+
 template <CacheFormat F>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
   const int t = threadIdx.x - kConsumerThreads;
   const int group = t >> 3;
   const int c8 = t & 7;
   using Gather = KeyGather<F>;
+  constexpr int kTokenBytes = cache_token_bytes(F);
+  static_assert(kTokenBytes % 16 == 0, "the bulk prefetch moves multiples of 16 bytes");
   constexpr int kRowsPerThread = Gather::kRowsPerThread;
   Gather keys(t);
   const SparseMlaParams& p = args.p;
@@ -73,8 +80,19 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       }
     };
 
+    // L2 prefetch one round ahead (kL2Prefetch): thread t asks for key t of
+    // round r + 1 while gathering round r, so that those gathers, issued only
+    // once the consumers free a buffer, find their rows in L2 instead of
+    // waiting a DRAM latency per half. `ahead` is the slot it will prefetch
+    // next, loaded a round before it is needed.
+    std::int32_t ahead = kL2Prefetch ? w.raw_slot(2 + (t >> 6), t & 63) : -1;
     int count_ahead = 0, item_ahead = items;
     for (int r = 0; r < w.rounds; ++r, ++round) {
+      if constexpr (kL2Prefetch) {
+        const std::int32_t s = w.checked(ahead);
+        if (s >= 0) pl::prefetch_l2(p.kv_cache + static_cast<std::int64_t>(s) * kTokenBytes, kTokenBytes);
+        ahead = w.raw_slot(2 * (r + 2) + (t >> 6), t & 63);
+      }
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
       gather.template operator()<0, kLo>();
       gather.template operator()<1, kHi>();
