@@ -4,7 +4,6 @@
 // (cutlass/arch/barrier.h, reg_reconfig.h) and CuTe's cp.async atom.
 #pragma once
 #include <cute/arch/copy_sm80.hpp>
-#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/memory.h>
@@ -75,14 +74,6 @@ __device__ __forceinline__ void copy_4(void* smem_dst, const void* gmem_src, boo
   Copy::copy(*static_cast<const std::uint32_t*>(gmem_src), *static_cast<std::uint32_t*>(smem_dst), valid);
 }
 
-
-// Asks L2 to fetch `bytes` (a multiple of 16) from a 16-byte aligned global
-// address, with no register or shared memory held and no completion to wait
-// for (CuTe's bulk-copy prefetch, cp.async.bulk.prefetch.L2). Only for
-// addresses known to be inside an allocation.
-__device__ __forceinline__ void prefetch_l2(const void* gmem, int bytes) {
-  cute::SM90_BULK_COPY_G2S::PREFETCH::copy(gmem, bytes);
-}
 
 // 16 bytes into shared memory at a shared-window address (the form swizzled
 // tile offsets come in); CUTLASS's st.shared wrapper.

@@ -3,8 +3,10 @@
 // bf16 tile the consumers read; a gather has two steps around the wait for
 // the half to be free:
 //   load(w, slots, half)   before the wait: global loads that need no smem;
-//   store(...)             after it: the writes into the tile, then one
+//   store(..., next)       after it: the writes into the tile, then one
 //                          arrival per thread on the half's full barrier.
+//                          next(i) runs once row i's registers are free, to
+//                          issue the next half's loads of row i (load_row).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
 #pragma once
 #include <cstdint>
@@ -33,8 +35,10 @@ struct KeyGather<CacheFormat::bf16> {
   __device__ explicit KeyGather(int thread) : t(static_cast<unsigned>(thread)) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
   __device__ __forceinline__ void load(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int) {}
+  __device__ __forceinline__ void load_row(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int, int) {}
+  template <class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
-                                        std::uint8_t* buf, pl::Mbarrier* full) {
+                                        std::uint8_t* buf, pl::Mbarrier* full, Next&&) {
     const int group = static_cast<int>(t / kThreadsPerRow);
     const int c8 = static_cast<int>(t % kThreadsPerRow);
     const int d0 = half == kLo ? 0 : kLoBlocks;
@@ -81,30 +85,34 @@ struct KeyGather {
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
 
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) load_row(w, slots, half, i);
+  }
+
+  __device__ __forceinline__ void load_row(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
+                                           int i) {
     const int q = static_cast<int>(t % kThreadsPerRow);
+    const std::int32_t s = w.checked(slots[i]);
+    const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const std::int32_t s = w.checked(slots[i]);
-      const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int d = 0; d < kLoBlocks; ++d) {
-        const int block = first_block(half) + d;
-        raw[i][d] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
-      }
-      if (!kDsMla && half == kHi)
-        raw[i][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
-      if constexpr (kDsMla) {
-        const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
-        scale[i] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
-      } else {
-        scale[i] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
-      }
+    for (int d = 0; d < kLoBlocks; ++d) {
+      const int block = first_block(half) + d;
+      raw[i][d] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+    }
+    if (!kDsMla && half == kHi)
+      raw[i][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+    if constexpr (kDsMla) {
+      const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
+      scale[i] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
+    } else {
+      scale[i] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
     }
   }
 
+  template <class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
-                                        std::uint8_t* buf, pl::Mbarrier* full) {
+                                        std::uint8_t* buf, pl::Mbarrier* full, Next&& next) {
     const int q = static_cast<int>(t % kThreadsPerRow);
     const std::uint32_t base = pl::smem_addr(buf);
     constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
@@ -136,6 +144,7 @@ struct KeyGather {
         pl::store_shared_16(base + tile_offset(r, rope + 2 * q), lo);
         pl::store_shared_16(base + tile_offset(r, rope + 2 * q + 1), hi);
       }
+      next(i);
     }
     pl::fence_smem_for_mma();  // generic-proxy writes, read by wgmma
     pl::arrive(full);

@@ -10,10 +10,11 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done.
-#ifndef DSMLA_SPARSE_L2_PREFETCH
-#define DSMLA_SPARSE_L2_PREFETCH 1
+// A/B switch of the chained loads (NOTES.md v12); 0 issues each half's loads
+// right before waiting for it, as v11 did.
+#ifndef DSMLA_SPARSE_CHAIN_LOADS
+#define DSMLA_SPARSE_CHAIN_LOADS 1
 #endif
-inline constexpr bool kL2Prefetch = DSMLA_SPARSE_L2_PREFETCH != 0;
 
 template <CacheFormat F>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
@@ -21,8 +22,6 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
   const int group = t >> 3;
   const int c8 = t & 7;
   using Gather = KeyGather<F>;
-  constexpr int kTokenBytes = cache_token_bytes(F);
-  static_assert(kTokenBytes % 16 == 0, "the bulk prefetch moves multiples of 16 bytes");
   constexpr int kRowsPerThread = Gather::kRowsPerThread;
   Gather keys(t);
   const SparseMlaParams& p = args.p;
@@ -65,10 +64,19 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     ++q_loads;
 
     // b and half as template arguments: every loop bound and offset is static.
-    auto gather = [&]<int b, int half>() {
-      keys.load(w, slots[b], half);
+    // The loads of half (nb, nhalf), the next one in gather order, are issued
+    // row by row while this half is stored (when `chain`), so that one row's
+    // codes are in flight while the other is dequantised: an fp8 producer
+    // holds one half's codes in registers and would otherwise wait a full
+    // load latency per half. `loaded`: this half's loads were issued so.
+    bool loaded = false;
+    auto gather = [&]<int b, int half, int nb, int nhalf>(bool chain) {
+      chain = chain && DSMLA_SPARSE_CHAIN_LOADS;
+      if (!loaded) keys.load(w, slots[b], half);
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-      keys.store(w, slots[b], half, smem + kSmemK + b * kTileBytes, bars.full(b, half));
+      keys.store(w, slots[b], half, smem + kSmemK + b * kTileBytes, bars.full(b, half),
+                 [&](int i) { if (chain) keys.load_row(w, slots[nb], nhalf, i); });
+      loaded = chain;
       // With the first half of a buffer, its keys' valid flags (the consumers
       // read them after S, before releasing that half): the first thread of
       // each row writes its rows' flags.
@@ -79,37 +87,35 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         pl::arrive(bars.valid(b));
       }
     };
+    auto load_slots = [&](const WorkItem& from, int b, int block) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
+    };
 
-    // L2 prefetch one round ahead (kL2Prefetch): thread t asks for key t of
-    // round r + 1 while gathering round r, so that those gathers, issued only
-    // once the consumers free a buffer, find their rows in L2 instead of
-    // waiting a DRAM latency per half. `ahead` is the slot it will prefetch
-    // next, loaded a round before it is needed.
-    std::int32_t ahead = kL2Prefetch ? w.raw_slot(2 + (t >> 6), t & 63) : -1;
     int count_ahead = 0, item_ahead = items;
     for (int r = 0; r < w.rounds; ++r, ++round) {
-      if constexpr (kL2Prefetch) {
-        const std::int32_t s = w.checked(ahead);
-        if (s >= 0) pl::prefetch_l2(p.kv_cache + static_cast<std::int64_t>(s) * kTokenBytes, kTokenBytes);
-        ahead = w.raw_slot(2 * (r + 2) + (t >> 6), t & 63);
-      }
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
-      gather.template operator()<0, kLo>();
-      gather.template operator()<1, kHi>();
-      gather.template operator()<0, kHi>();
-      gather.template operator()<1, kLo>();
-      // Slots of the next round, or of the next item's first round: issued
-      // now, used after the consumers release a buffer.
       const bool more = r + 1 < w.rounds;
-      if (!more) item_ahead = next_busy(item + gridDim.x, count_ahead);
-      const WorkItem& w_next = more ? w : WorkItem(args, item_ahead, count_ahead);
-      const int block_next = more ? 2 * (r + 1) : 0;
-      const bool any_next = more || item_ahead < items;
+      gather.template operator()<0, kLo, 1, kHi>(true);
+      gather.template operator()<1, kHi, 0, kHi>(true);
+      gather.template operator()<0, kHi, 1, kLo>(true);
+      // Buffer 0's slots of the next round, needed by the chained loads of the
+      // last gather; the next item's (after the round) are not chained.
+      if (more) load_slots(w, 0, 2 * (r + 1));
+      gather.template operator()<1, kLo, 0, kLo>(more);
+      if (more) {
+        load_slots(w, 1, 2 * (r + 1) + 1);
+      } else {
+        // Slots of the next item's first round: issued now, used after the
+        // consumers release a buffer.
+        item_ahead = next_busy(item + gridDim.x, count_ahead);
+        const WorkItem w_next(args, item_ahead, count_ahead);
+        const bool any_next = item_ahead < items;
 #pragma unroll
-      for (int b = 0; b < 2; ++b)
+        for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i)
-          slots[b][i] = any_next ? w_next.raw_slot(block_next + b, keys.row(i)) : -1;
+          for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
+      }
     }
     item = item_ahead;
     w = WorkItem(args, item, count_ahead);
