@@ -3,19 +3,17 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <sstream>
 
+#include "common/message.hpp"
 #include "dsmla/plan.hpp"
 #include "dsmla/types.hpp"
 
 namespace dsmla::plan_detail {
 
-// Throws Error with the parts streamed one after another.
+// Throws Error with the parts one after another (detail::concat).
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  std::ostringstream message;
-  (message << ... << parts);
-  throw Error(message.str());
+  throw Error(detail::concat(parts...));
 }
 
 // Global slots are int32 in the kernels' metadata (DESIGN §3 index

@@ -9,7 +9,6 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
-#include <sstream>
 #include <vector>
 
 #include "dsmla/plan.hpp"
@@ -166,9 +165,7 @@ void check_slot_conflicts(const BatchDesc& b) {
     const auto r = static_cast<std::int64_t>(std::upper_bound(qsl.begin(), qsl.begin() + static_cast<std::ptrdiff_t>(R), t) -
                                              qsl.begin()) - 1;
     const std::int64_t q_len = qsl[r + 1] - qsl[r];
-    std::ostringstream text;
-    text << "token " << t << " (request " << r << ", position " << b.seq_lens[r] - q_len + (t - qsl[r]) << ")";
-    return text.str();
+    return detail::concat("token ", t, " (request ", r, ", position ", b.seq_lens[r] - q_len + (t - qsl[r]), ")");
   };
   for (std::size_t i = 1; i < writes.size(); ++i)
     if (writes[i].slot == writes[i - 1].slot)

@@ -3,19 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <sstream>
 
+#include "common/message.hpp"
 #include "dsmla/format.hpp"
 
 namespace dsmla {
 namespace {
 
 std::string describe(std::int32_t position, double logit, const char* what, double kth, double tol) {
-  std::ostringstream text;
-  text.precision(9);
-  text << "position " << position << " (logit " << logit << ") " << what << "; k-th largest logit " << kth
-       << ", ambiguous within " << tol;
-  return text.str();
+  using detail::general;
+  return detail::concat("position ", position, " (logit ", general(logit, 9), ") ", what, "; k-th largest logit ",
+                        general(kth, 9), ", ambiguous within ", general(tol, 9));
 }
 
 void record(TopkCheckReport& report, std::int32_t token, const std::string& why) {

@@ -13,8 +13,12 @@ own projections, norms, rotary embedding and indexer run as in transformers
 ``torch.ops.dsmla.forward`` per layer over dsmla's paged latent cache. The
 adapter owns that cache and the indexer's key cache, so the model is called
 without a transformers cache (``use_cache`` is forced off) and each call
-continues the sequences of the previous one. Rows are requests of equal
-length (no padding); positions are the adapter's, not ``position_ids``'.
+continues the sequences of the previous one. Rows are requests; a call may
+give them different lengths with a right-padded ``attention_mask`` (ones, then
+zeros: a prefill of prompts of several lengths), and each row then continues
+from its own length (one token per row per decode step, no mask needed).
+Padded positions take no part and their logits are meaningless. Positions
+are the adapter's, not ``position_ids``'.
 
 Written against transformers' modeling_deepseek_v32.py of 2026 (attention
 modules with q_a_proj / q_a_layernorm / q_b_proj / kv_a_proj_with_mqa /
@@ -61,13 +65,28 @@ class _IndexerCache:
         if buf is None or buf.dtype != keys.dtype:
             buf = keys.new_zeros((st.num_requests, st.max_seq_len, keys.shape[-1]))
             st.index_keys[layer_idx] = buf
-        lo, hi = st.step.ctx, st.step.ctx + keys.shape[1]
-        buf[:, lo:hi] = keys
-        return buf[:, :hi]
+        step = st.step
+        if step.valid is None:  # every row has `length` new tokens at the same positions
+            buf[:, step.ctx_max:step.ctx_max + keys.shape[1]] = keys
+        else:  # the valid tokens only, each at its row's position
+            buf.view(-1, keys.shape[-1])[step.key_rows] = keys.reshape(-1, keys.shape[-1])[step.valid]
+        return buf[:, :step.keys]
 
 
 class _Step:
     """The batch metadata of one model call, shared by every layer."""
+
+    def tokens(self, x):
+        """[B * S, ...] rows -> the valid tokens' rows, in dsmla's token order."""
+        return x if self.valid is None else x[self.valid]
+
+    def rows(self, x, total):
+        """The inverse of tokens(): valid rows back in place, zeros at padding."""
+        if self.valid is None:
+            return x
+        full = x.new_zeros((total,) + tuple(x.shape[1:]))
+        full[self.valid] = x
+        return full
 
 
 class DsmlaState:
@@ -87,12 +106,18 @@ class DsmlaState:
         self.num_requests = 0
         self.kv_caches = {}
         self.index_keys = {}
-        self.ctx = 0
+        self.lengths = np.zeros(0, dtype=np.int64)  # tokens so far, per row
         self.step = None
+        self.last_plan = None
+
+    @property
+    def ctx(self):
+        """Tokens so far of the longest row (of every row when all are equal)."""
+        return int(self.lengths.max()) if self.lengths.size else 0
 
     def reset(self):
         """Forgets every sequence (the caches are kept and overwritten)."""
-        self.ctx = 0
+        self.lengths = np.zeros(0, dtype=np.int64)
         self.step = None
         self.index_keys.clear()
 
@@ -113,36 +138,63 @@ class DsmlaState:
             self.kv_caches[layer_idx] = c
         return c
 
-    def begin(self, batch, length):
-        if self.ctx == 0 and batch != self.num_requests:
-            self._allocate(batch)
+    def begin(self, batch, length, mask=None):
+        """Plans one model call of `batch` rows of `length` tokens; `mask` [batch,
+        length] (right-padded 0/1, optional) gives each row's new tokens."""
+        if self.lengths.size == 0:
+            if batch != self.num_requests:
+                self._allocate(batch)
+            self.lengths = np.zeros(batch, dtype=np.int64)
         if batch != self.num_requests:
             raise ValueError(f"dsmla: the sequences have {self.num_requests} rows, this call {batch} (reset() first)")
-        if self.ctx + length > self.max_seq_len:
-            raise ValueError(f"dsmla: {self.ctx} + {length} tokens exceed max_seq_len {self.max_seq_len}")
+        new = np.full(batch, length, dtype=np.int64)
+        if mask is not None:
+            m = mask.detach().to("cpu").numpy().astype(bool)
+            new = m.sum(axis=1).astype(np.int64)
+            if not np.array_equal(m, np.arange(length)[None, :] < new[:, None]):
+                raise ValueError("dsmla: attention_mask must be right-padded (each row ones, then zeros)")
+            if (new == 0).any():
+                raise ValueError(f"dsmla: rows {np.flatnonzero(new == 0).tolist()} have no tokens in this call")
+        ctx = self.lengths
+        seq = ctx + new
+        if seq.max() > self.max_seq_len:
+            r = int(seq.argmax())
+            raise ValueError(f"dsmla: row {r}: {int(ctx[r])} + {int(new[r])} tokens exceed max_seq_len {self.max_seq_len}")
         st = _Step()
-        st.ctx, st.length = self.ctx, length
-        seq = self.ctx + length
-        pos = np.arange(self.ctx, seq)
-        B, bs = batch, self.block_size
-        slots = (self.block_table_host[:, pos // bs].astype(np.int64) * bs + pos % bs).reshape(-1)
-        qsl = np.arange(B + 1, dtype=np.int32) * length
-        seq_lens = np.full(B, seq, dtype=np.int32)
-        self.attention.plan(qsl, seq_lens, self.block_table_host, slots, self.num_blocks, bs)
-        dev = self.device
+        st.new, st.length, st.ctx_max = new, length, int(ctx.max())
+        B, bs, dev = batch, self.block_size, self.device
+        padded = bool((new != length).any() or (ctx != ctx[0]).any())
+        # Row r's new tokens sit at positions ctx[r] .. ctx[r] + new[r] - 1.
+        pos = [np.arange(ctx[r], seq[r]) for r in range(B)]
+        slots = np.concatenate([self.block_table_host[r, p // bs].astype(np.int64) * bs + p % bs
+                                for r, p in enumerate(pos)])
+        qsl = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+        seq_lens = seq.astype(np.int32)
+        # The plan of the latest call (`.to_json()`: how each request was routed).
+        self.last_plan = self.attention.plan(qsl, seq_lens, self.block_table_host, slots, self.num_blocks, bs)
         st.query_start_loc = torch.from_numpy(qsl).to(dev)
         st.seq_lens = torch.from_numpy(seq_lens).to(dev)
         st.slot_mapping = torch.from_numpy(slots).to(dev)
-        st.positions = torch.arange(self.ctx, seq, device=dev).expand(B, length)  # [B, S]
-        # The indexer's additive mask over [B, S, ctx + S]: each token sees positions <= its own.
-        keys = torch.arange(seq, device=dev)
+        ctx_t = torch.from_numpy(ctx).to(dev)
+        st.positions = ctx_t[:, None] + torch.arange(length, device=dev)[None, :]  # [B, S]
+        st.keys = int(seq.max())
+        # The indexer's additive mask over [B, S, keys]: a token sees its row's positions up to its own.
+        keys = torch.arange(st.keys, device=dev)
         st.index_mask = torch.where(keys[None, None, :] <= st.positions[..., None], 0.0, float("-inf"))
+        if padded:
+            # Flat indices of the valid tokens in [B * S], and of their index-key rows in [B * max_seq_len].
+            valid = (torch.arange(length, device=dev)[None, :] < torch.from_numpy(new).to(dev)[:, None]).reshape(-1)
+            st.valid = valid.nonzero().squeeze(1)
+            rows = torch.arange(B, device=dev)[:, None].expand(B, length).reshape(-1)[st.valid]
+            st.key_rows = rows * self.max_seq_len + st.positions.reshape(-1)[st.valid]
+        else:
+            st.valid = None
         self.step = st
         return st
 
     def end(self):
         if self.step is not None:
-            self.ctx += self.step.length
+            self.lengths = self.lengths + self.step.new
             self.step = None
 
 
@@ -190,7 +242,7 @@ def _make_forward(attn, state):
         idx = torch.where(idx <= st.positions[..., None], idx, -1)
         if idx.shape[-1] < topk:
             idx = torch.nn.functional.pad(idx, (0, topk - idx.shape[-1]), value=-1)
-        return idx.reshape(-1, topk).to(torch.int32).contiguous()
+        return st.tokens(idx.reshape(-1, topk)).to(torch.int32).contiguous()
 
     def forward(hidden_states, position_embeddings=None, attention_mask=None, *args, position_ids=None, **kwargs):
         # transformers' cache (`cache` / `past_key_values`) is not used: the adapter is the cache.
@@ -209,10 +261,11 @@ def _make_forward(attn, state):
         q_rot, k_rot = rope(q_rot.transpose(1, 2), k_rot.view(B, 1, S, attn.qk_rope_head_dim), cos, sin)
         q_full = torch.cat([q_nope, q_rot.transpose(1, 2)], dim=-1).reshape(B * S, H, attn.qk_head_dim)
         out, _ = state.attention(
-            q_full.to(bf16).contiguous(), kv_c.reshape(B * S, -1).to(bf16).contiguous(),
-            k_rot.reshape(B * S, -1).to(bf16).contiguous(), attn._dsmla_w_kv_b, state.kv_cache(layer),
+            st.tokens(q_full).to(bf16).contiguous(), st.tokens(kv_c.reshape(B * S, -1)).to(bf16).contiguous(),
+            st.tokens(k_rot.reshape(B * S, -1)).to(bf16).contiguous(), attn._dsmla_w_kv_b, state.kv_cache(layer),
             state.block_table, st.seq_lens, st.query_start_loc, st.slot_mapping,
             indexer_topk(hidden_states, q_resid, position_embeddings, st), attn.scaling)
+        out = st.rows(out.view(-1, H * attn.v_head_dim), B * S)
         return attn.o_proj(out.view(B, S, H * attn.v_head_dim).to(hidden_states.dtype)), None
 
     return forward
@@ -241,10 +294,10 @@ def enable(model, cache_format="bf16", policy="per_request", block_size=64, max_
         x = kwargs.get("input_ids", args[0] if args else None)
         if x is None:
             x = kwargs["inputs_embeds"]
-        mask = kwargs.get("attention_mask")
-        if mask is not None and not bool(torch.all(mask != 0)):
-            raise ValueError("dsmla: padded batches are not supported (attention_mask has zeros)")
-        st = state.begin(x.shape[0], x.shape[1])
+        mask = kwargs.pop("attention_mask", None)
+        if mask is not None and bool(torch.all(mask != 0)):
+            mask = None
+        st = state.begin(x.shape[0], x.shape[1], mask)
         kwargs["position_ids"] = st.positions
         kwargs["use_cache"] = False
         kwargs.pop("past_key_values", None)
