@@ -10,12 +10,6 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done.
-// A/B switch of the chained loads (NOTES.md v12); 0 issues each half's loads
-// right before waiting for it, as v11 did.
-#ifndef DSMLA_SPARSE_CHAIN_LOADS
-#define DSMLA_SPARSE_CHAIN_LOADS 1
-#endif
-
 template <CacheFormat F>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -68,10 +62,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     // row by row while this half is stored (when `chain`), so that one row's
     // codes are in flight while the other is dequantised: an fp8 producer
     // holds one half's codes in registers and would otherwise wait a full
-    // load latency per half. `loaded`: this half's loads were issued so.
+    // load latency per half (NOTES.md v13). `loaded`: this half's loads were
+    // issued so.
     bool loaded = false;
     auto gather = [&]<int b, int half, int nb, int nhalf>(bool chain) {
-      chain = chain && DSMLA_SPARSE_CHAIN_LOADS;
       if (!loaded) keys.load(w, slots[b], half);
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
       keys.store(w, slots[b], half, smem + kSmemK + b * kTileBytes, bars.full(b, half),
