@@ -3,10 +3,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
+#include "dsmla/cost_factors.hpp"
 #include "dsmla/plan.hpp"
 #include "dsmla/testing/batch.hpp"
 
@@ -32,6 +36,9 @@ options:
   --block-size B          tokens per cache block (default 64)
   --cache-format NAME     bf16 | fp8_ds_mla | fp8 (default bf16)
   --dense-cost-factor F   multiplies the dense FLOP count (default 1.0)
+  --cost-factors FILE     take it from a file of `dsmla bench --calibrate` (the
+                          entry of the nearest head count); the output then
+                          names the file and the entry used ("cost_factors")
 )";
 
 constexpr int kMaxLen = 1 << 30;
@@ -41,7 +48,7 @@ constexpr int kMaxLen = 1 << 30;
 int plan_main(int argc, char** argv) {
   const Args args("plan",
                   {{"--seq-lens"}, {"--query-lens"}, {"--topk"}, {"--policy"}, {"--decode-threshold"}, {"--heads"},
-                   {"--block-size"}, {"--cache-format"}, {"--dense-cost-factor"}},
+                   {"--block-size"}, {"--cache-format"}, {"--dense-cost-factor"}, {"--cost-factors"}},
                   argc, argv);
   if (args.help()) {
     std::fputs(kHelp, stdout);
@@ -63,6 +70,12 @@ int plan_main(int argc, char** argv) {
   options.num_heads = static_cast<int>(args.get_int("--heads", options.num_heads, 1, 1 << 16));
   options.cache_format = parse_cache_format_arg(args.get("--cache-format", "bf16"), "--cache-format");
   options.dense_cost_factor = args.get_positive_double("--dense-cost-factor", options.dense_cost_factor);
+  std::optional<CostFactors> factors;
+  if (args.has("--cost-factors")) {
+    if (args.has("--dense-cost-factor")) throw UsageError("--cost-factors and --dense-cost-factor exclude each other");
+    factors = load_cost_factors(args.get("--cost-factors", ""));
+    options = factors->applied_to(options);
+  }
   const int block_size = static_cast<int>(args.get_int("--block-size", 64, 1, 1 << 20));
 
   if (std::accumulate(query_lens.begin(), query_lens.end(), std::int64_t{0}) > kMaxLen)
@@ -75,7 +88,17 @@ int plan_main(int argc, char** argv) {
   storage.num_cache_blocks = std::max<std::int64_t>(storage.num_cache_blocks, 1);
   const BatchDesc batch = storage.desc();
   const Plan plan = make_plan(batch, options);
-  std::printf("%s\n", plan.to_json().c_str());
+  if (!factors) {
+    std::printf("%s\n", plan.to_json().c_str());
+    return 0;
+  }
+  nlohmann::json out = nlohmann::json::parse(plan.to_json());
+  const HeadCostFactor& used = factors->entry_for(options.num_heads);
+  out["cost_factors"] = {{"file", args.get("--cost-factors", "")},
+                         {"device", factors->device},
+                         {"num_heads", used.num_heads},
+                         {"dense_cost_factor", used.dense_cost_factor}};
+  std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
 

@@ -88,6 +88,11 @@ typedef struct {
 const char* dsmla_last_error(void);
 const char* dsmla_version(void);
 void dsmla_default_options(dsmla_options* options);
+/* Sets options->dense_cost_factor from a cost-factor file of `dsmla bench
+ * --calibrate` (the entry of the head count nearest options->num_heads;
+ * include/dsmla/cost_factors.hpp has the format). A bad file leaves options
+ * unchanged and returns DSMLA_ERR_INVALID_ARGUMENT naming the file. */
+int dsmla_options_load_cost_factors(dsmla_options* options, const char* path);
 int dsmla_cache_bytes_per_token(int32_t cache_format);
 /* 1 if the CUDA backend was compiled and a GPU is visible, else 0. */
 int dsmla_cuda_available(void);

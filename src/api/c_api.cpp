@@ -15,6 +15,7 @@
 #include <string>
 
 #include "dsmla/attention.hpp"
+#include "dsmla/cost_factors.hpp"
 #include "dsmla/types.hpp"
 #include "dsmla/version.h"
 
@@ -215,6 +216,14 @@ void dsmla_default_options(dsmla_options* options) {
   options->decode_threshold = d.decode_threshold;
   options->policy = static_cast<int32_t>(d.policy);
   options->dense_cost_factor = d.dense_cost_factor;
+}
+
+int dsmla_options_load_cost_factors(dsmla_options* options, const char* path) {
+  return guarded("dsmla_options_load_cost_factors", [&] {
+    require_non_null(options, "options");
+    require_non_null(path, "path");
+    options->dense_cost_factor = dsmla::load_cost_factors(path).factor_for(options->num_heads);
+  });
 }
 
 int dsmla_cache_bytes_per_token(int32_t cache_format) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "dsmla/dsmla.h"
 #include "api/c_api_case.hpp"
 #include "dsmla/version.h"
+#include "cli/scratch_dir.hpp"
 
 namespace dsmla::test {
 namespace {
@@ -71,6 +73,27 @@ struct Handle {
   }
   ~Handle() { dsmla_destroy(h); }
 };
+
+TEST(CApi, OptionsLoadCostFactors) {
+  ScratchDir dir;
+  const std::string path = dir.file("factors.json");
+  std::ofstream(path) << R"({"format": "dsmla-cost-factors", "version": 1,
+    "factors": [{"num_heads": 16, "dense_cost_factor": 0.8}, {"num_heads": 128, "dense_cost_factor": 0.6}]})";
+  dsmla_options o;
+  dsmla_default_options(&o);
+  o.num_heads = 112;
+  ASSERT_EQ(dsmla_options_load_cost_factors(&o, path.c_str()), DSMLA_OK) << last_error();
+  EXPECT_EQ(o.dense_cost_factor, 0.6);
+  o.num_heads = 16;
+  ASSERT_EQ(dsmla_options_load_cost_factors(&o, path.c_str()), DSMLA_OK) << last_error();
+  EXPECT_EQ(o.dense_cost_factor, 0.8);
+  const std::string missing = dir.file("missing.json");
+  EXPECT_EQ(dsmla_options_load_cost_factors(&o, missing.c_str()), DSMLA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find(missing), std::string::npos) << last_error();
+  EXPECT_EQ(o.dense_cost_factor, 0.8);  // unchanged
+  EXPECT_EQ(dsmla_options_load_cost_factors(nullptr, path.c_str()), DSMLA_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dsmla_options_load_cost_factors(&o, nullptr), DSMLA_ERR_INVALID_ARGUMENT);
+}
 
 TEST(CApi, DefaultsAndConstants) {
   dsmla_options o;

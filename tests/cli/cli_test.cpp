@@ -10,6 +10,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli_runner.hpp"
@@ -189,6 +190,37 @@ TEST_F(CliTest, PlanPolicies) {
     EXPECT_EQ(route_paths(r.out), (std::vector<std::string>{"sparse", "sparse"})) << policy;
     EXPECT_EQ(nlohmann::json::parse(r.out)["options"]["policy"], policy);
   }
+}
+
+// A cost-factor file routes like the factor it holds for the nearest head
+// count, and the output names the file and the entry used.
+TEST_F(CliTest, PlanTakesCostFactorsFromAFile) {
+  const std::string path = file("factors.json");
+  std::ofstream(path) << R"({"format": "dsmla-cost-factors", "version": 1, "device": "test",
+    "factors": [{"num_heads": 16, "dense_cost_factor": 1.0}, {"num_heads": 128, "dense_cost_factor": 20.0}]})";
+  // seq 1024 prompt: dense at factor 1, sparse once dense costs 20x its FLOPs.
+  const std::vector<std::string> batch{"plan", "--seq-lens", "1024", "--query-lens", "1024", "--topk", "2048"};
+  const CliResult plain = cli(batch);
+  ASSERT_EQ(plain.exit_code, 0) << plain.describe();
+  EXPECT_EQ(route_paths(plain.out), std::vector<std::string>{"dense"});
+  EXPECT_FALSE(nlohmann::json::parse(plain.out).contains("cost_factors"));
+  for (const auto& [heads, path_taken, factor] :
+       {std::tuple{"128", "sparse", 20.0}, std::tuple{"32", "dense", 1.0}}) {
+    std::vector<std::string> args = batch;
+    args.insert(args.end(), {"--heads", heads, "--cost-factors", path});
+    const CliResult r = cli(args);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_EQ(route_paths(r.out), std::vector<std::string>{path_taken}) << heads;
+    const nlohmann::json printed = nlohmann::json::parse(r.out);
+    EXPECT_EQ(printed["cost_factors"]["file"], path);
+    EXPECT_EQ(printed["cost_factors"]["device"], "test");
+    EXPECT_EQ(printed["cost_factors"]["dense_cost_factor"], factor);
+    EXPECT_EQ(printed["options"]["dense_cost_factor"], factor);
+  }
+  expect_bad_input({"plan", "--seq-lens", "8", "--query-lens", "8", "--cost-factors", file("none.json")},
+                   {"none.json", "cannot be opened"});
+  expect_bad_input({"plan", "--seq-lens", "8", "--query-lens", "8", "--cost-factors", path, "--dense-cost-factor", "2"},
+                   {"exclude each other"});
 }
 
 // ------------------------------------------------------------ usage errors
