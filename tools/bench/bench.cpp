@@ -21,11 +21,16 @@ using bench::Options;
 
 const char* kUsage =
     "usage: dsmla bench [--json FILE] [--md FILE] [--quick] [--repeats N] [--warmup N]\n"
-    "                   [--prefill-cache bf16|fp8_ds_mla|fp8]\n"
+    "                   [--prefill-cache bf16|fp8_ds_mla|fp8] [--calibrate FILE]\n"
     "  Times the dense route, the sparse route and each kernel alone for 16384 prefill\n"
     "  tokens (S in 128..4096, H 128 and 16) and fp8_ds_mla decode (H 128 and 64, batch\n"
     "  1..128, 8192-token contexts, topk 2048), next to a cuBLAS bf16 GEMM and a device\n"
     "  copy measured in the same run. --quick: S 1024, H 128, decode batch 64 only.\n"
+    "  --calibrate FILE: instead, both routes of chunks of context 0..2000 and 2..2048 new\n"
+    "  tokens (seq_len <= topk, H 16 and 128), and per head count the dense_cost_factor that\n"
+    "  routes the most chunks to their faster route, written to FILE (dsmla plan\n"
+    "  --cost-factors FILE, dsmla_options_load_cost_factors, load_cost_factors); --md then\n"
+    "  gets the grid.\n"
     "  Progress goes to stderr, a compact table to stdout. Needs a CUDA build and a GPU.\n";
 
 Options parse_options(const Args& args) {
@@ -33,6 +38,7 @@ Options parse_options(const Args& args) {
   o.json_path = args.get("--json", "");
   o.md_path = args.get("--md", "");
   o.quick = args.has("--quick");
+  o.calibrate_path = args.get("--calibrate", "");
   o.repeats = static_cast<int>(args.get_int("--repeats", o.repeats, 1, 100000));
   o.warmup = static_cast<int>(args.get_int("--warmup", o.warmup, 0, 100000));
   if (args.has("--prefill-cache")) {
@@ -45,7 +51,8 @@ Options parse_options(const Args& args) {
 
 int bench_main(int argc, char** argv) {
   const Args args("bench",
-                  {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"}},
+                  {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"},
+                   {"--calibrate"}},
                   argc, argv);
   if (args.help()) {
     std::fputs(kUsage, stdout);

@@ -239,4 +239,54 @@ void write_file(const std::string& path, const std::string& text) {
                                                             text.size()));
 }
 
+std::string calibration_file(const Report& rep, const std::vector<Calibration>& cals) {
+  CostFactors factors;
+  factors.device = rep.gpu;
+  for (const Calibration& c : cals) factors.by_heads.push_back({c.heads, c.fit.dense_cost_factor});
+  json out = json::parse(factors.to_json());
+  out["date"] = rep.date;
+  out["commit"] = rep.commit;
+  json grids = json::array();
+  for (const Calibration& c : cals) {
+    json points = json::array();
+    for (std::size_t i = 0; i < c.points.size(); ++i) {
+      const CalibrationPoint& p = c.points[i];
+      points.push_back({{"ctx_len", p.ctx_len}, {"q_len", p.q_len}, {"requests", c.requests[i]},
+                        {"dense_ms", p.dense_ms}, {"sparse_ms", p.sparse_ms}});
+    }
+    grids.push_back({{"num_heads", c.heads}, {"dense_cost_factor", c.fit.dense_cost_factor},
+                     {"points", c.fit.points}, {"faster_chosen", c.fit.faster_chosen},
+                     {"worst_slowdown", c.fit.worst_slowdown}, {"grid", points}});
+  }
+  out["calibration"] = grids;
+  return out.dump(1) + "\n";
+}
+
+std::string calibration_markdown(const Report& rep, const std::vector<Calibration>& cals) {
+  std::string md = "# dsmla bench --calibrate\n\n";
+  md += "Date " + rep.date + ", commit " + rep.commit + ", " + rep.gpu + ". Median of " +
+        std::to_string(rep.options.repeats) + " CUDA-event timings per route; topk " + std::to_string(kTopk) +
+        ", cache " + std::string(to_string(rep.options.prefill_cache)) + ".\n\n";
+  for (const Calibration& c : cals) {
+    const CalibrationFit& f = c.fit;
+    md += "## H " + std::to_string(c.heads) + ": dense_cost_factor " + fmt("%.4g", f.dense_cost_factor) + "\n\n";
+    md += "The calibrated choice is the faster path at " + std::to_string(f.faster_chosen) + " of " +
+          std::to_string(f.points) + " chunks (" + fmt("%.1f%%", 100.0 * f.faster_chosen / std::max(f.points, 1)) +
+          "); where it is not, it is at most " + fmt("%.1f%%", 100 * (f.worst_slowdown - 1)) + " slower.\n\n";
+    md += "| ctx | new | requests | dense ms | sparse ms | faster | chosen | slowdown |\n|---|---|---|---|---|---|---|---|\n";
+    for (std::size_t i = 0; i < c.points.size(); ++i) {
+      const CalibrationPoint& p = c.points[i];
+      const bool dense_chosen =
+          f.dense_cost_factor * dense_path_flops(p.ctx_len, p.q_len) < sparse_path_flops(p.ctx_len, p.q_len, kTopk);
+      const double chosen = dense_chosen ? p.dense_ms : p.sparse_ms;
+      md += "| " + std::to_string(p.ctx_len) + " | " + std::to_string(p.q_len) + " | " + std::to_string(c.requests[i]) +
+            " | " + fmt("%.3f", p.dense_ms) + " | " + fmt("%.3f", p.sparse_ms) + " | " +
+            (p.dense_ms < p.sparse_ms ? "dense" : "sparse") + " | " + (dense_chosen ? "dense" : "sparse") + " | " +
+            fmt("%.2fx", chosen / std::min(p.dense_ms, p.sparse_ms)) + " |\n";
+    }
+    md += "\n";
+  }
+  return md;
+}
+
 }  // namespace dsmla::tools::bench

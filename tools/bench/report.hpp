@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/workloads.hpp"
+#include "dsmla/cost_factors.hpp"
 
 namespace dsmla::tools::bench {
 
@@ -59,6 +60,20 @@ struct Report {
 std::string utc_now();
 // $DSMLA_GIT_COMMIT (set by scripts/gpu-check.sh), else "unknown".
 std::string commit_id();
+
+// --calibrate: one head count's timed chunks (both routes) and the fit.
+struct Calibration {
+  int heads = 0;
+  std::vector<CalibrationPoint> points;
+  std::vector<int> requests;  // the batch size each point was timed with
+  CalibrationFit fit;
+};
+// The cost-factor file (dsmla/cost_factors.hpp) with, beside the factors,
+// the run (date, commit, GPU) and every head count's grid and fit.
+std::string calibration_file(const Report& rep, const std::vector<Calibration>& cals);
+// Per head count: each chunk's dense and sparse times, the faster one and
+// the calibrated factor's choice (with the slowdown where they differ).
+std::string calibration_markdown(const Report& rep, const std::vector<Calibration>& cals);
 
 nlohmann::json report_json(const Report& rep);
 std::string markdown(const Report& rep);

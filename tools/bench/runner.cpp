@@ -73,11 +73,13 @@ class Runner {
     return c;
   }
 
-  // Times every row of one work description into `rows`.
-  void run(const Work& w, std::vector<Row>& rows) {
-    std::vector<What> whats = w.decode ? std::vector<What>{What::sparse_route, What::sparse_kernel}
-                                       : std::vector<What>{What::dense_route, What::sparse_route,
-                                                           What::dense_kernel, What::sparse_kernel};
+  // Times every row of one work description into `rows` (routes_only: the
+  // dense and sparse routes of a prefill, in that order).
+  void run(const Work& w, std::vector<Row>& rows, bool routes_only = false) {
+    std::vector<What> whats = w.decode     ? std::vector<What>{What::sparse_route, What::sparse_kernel}
+                              : routes_only ? std::vector<What>{What::dense_route, What::sparse_route}
+                                            : std::vector<What>{What::dense_route, What::sparse_route,
+                                                                What::dense_kernel, What::sparse_kernel};
     std::vector<Row> out;
     for (What what : whats) out.push_back(make_row(what, w));
     if (!device_error_.empty()) {
@@ -261,6 +263,10 @@ class Runner {
     // route is planned with topk = S (full causal attention) so it can be timed.
     po.topk = dense ? std::max(w.topk, w.seq_len) : w.topk;
     po.policy = dense || w.decode ? RoutingPolicy::per_request : RoutingPolicy::force_sparse;
+    // per_request routes dense whenever the path is exact once dense costs
+    // next to nothing: the row times the dense route whatever the cost model
+    // would choose (the calibration grid holds chunks where it chooses sparse).
+    if (dense) po.dense_cost_factor = 1e-9;
     r.policy = std::string(to_string(po.policy));
     r.plan_topk = po.topk;
     if (dense && po.topk != w.topk) {
@@ -379,6 +385,36 @@ class Runner {
   bool dense_ok_ = false;
 };
 
+// --calibrate: both routes of every chunk of the grid, a fit per head count,
+// the cost-factor file (and the grid as markdown / the rows as JSON).
+int run_calibration(Runner& runner, Report& rep, const Options& options) {
+  std::vector<Calibration> cals;
+  for (const Work& w : calibration_grid(options)) {
+    const std::size_t first = rep.rows.size();
+    runner.run(w, rep.rows, /*routes_only=*/true);
+    const Row& dense = rep.rows[first];
+    const Row& sparse = rep.rows[first + 1];
+    if (!dense.ok() || !sparse.ok()) continue;  // the table shows the error
+    auto c = std::find_if(cals.begin(), cals.end(), [&](const Calibration& x) { return x.heads == w.heads; });
+    if (c == cals.end()) c = cals.insert(cals.end(), Calibration{w.heads, {}, {}, {}});
+    c->points.push_back({w.ctx_len(), w.query_len, dense.median_ms(), sparse.median_ms()});
+    c->requests.push_back(w.requests);
+  }
+  for (Calibration& c : cals) {
+    c.fit = fit_dense_cost_factor(c.points, kTopk);
+    progress("H %d: dense_cost_factor %.4g, the faster path at %d of %d chunks, worst slowdown %.3fx", c.heads,
+             c.fit.dense_cost_factor, c.fit.faster_chosen, c.fit.points, c.fit.worst_slowdown);
+  }
+  print_table(rep);
+  if (cals.empty()) throw RuntimeFailure("--calibrate: no chunk was timed on both routes");
+  write_file(options.calibrate_path, calibration_file(rep, cals));
+  if (!options.json_path.empty()) write_file(options.json_path, report_json(rep).dump(2) + "\n");
+  if (!options.md_path.empty()) write_file(options.md_path, calibration_markdown(rep, cals));
+  const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); });
+  if (!all_ok) std::fprintf(stderr, "dsmla bench --calibrate: some chunks failed (see the table)\n");
+  return all_ok ? 0 : kExitRuntime;
+}
+
 }  // namespace
 
 int run_bench(const Options& options) {
@@ -404,6 +440,7 @@ int run_bench(const Options& options) {
                   {"cuda_runtime_version", info.runtime_version}};
   Runner runner(options, info);
   rep.ceilings = runner.measure_ceilings();
+  if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
   for (const Work& w : work_list(options)) runner.run(w, rep.rows);
 
   print_table(rep);

@@ -172,6 +172,28 @@ std::optional<Anchor> anchor_for(What what, const Work& w) {
   return std::nullopt;
 }
 
+std::vector<Work> calibration_grid(const Options& o) {
+  const std::vector<int> heads = o.quick ? std::vector<int>{128} : std::vector<int>{16, 128};
+  const std::vector<int> contexts = o.quick ? std::vector<int>{0, 1024} : std::vector<int>{0, 256, 512, 1024, 1536, 2000};
+  const std::vector<int> news =
+      o.quick ? std::vector<int>{8, 512} : std::vector<int>{2, 8, 32, 128, 512, 1024, 2048};
+  constexpr int kMaxRows = 128 * 1024;
+  std::vector<Work> list;
+  for (int h : heads)
+    for (int ctx : contexts)
+      for (int q : news) {
+        if (ctx + q > kTopk) continue;
+        Work w;
+        w.query_len = q;
+        w.seq_len = ctx + q;
+        w.requests = std::max(1, std::min(kPrefillTokens / q, kMaxRows / w.seq_len));
+        w.heads = h;
+        w.cache = o.prefill_cache;
+        list.push_back(w);
+      }
+  return list;
+}
+
 std::vector<Work> work_list(const Options& o) {
   const std::vector<int> seq_lens =
       o.quick ? std::vector<int>{1024} : std::vector<int>{128, 256, 512, 1024, 2048, 4096};

@@ -29,6 +29,7 @@ constexpr double kBf16 = 2, kFp32 = 4, kInt32 = 4;
 
 struct Options {
   std::string json_path, md_path;
+  std::string calibrate_path;  // --calibrate FILE: time the calibration grid, write the cost factors
   bool quick = false;
   int repeats = 30;
   int warmup = 5;
@@ -82,6 +83,13 @@ double bytes_of(What what, const Work& w);
 // The prefill batches (S 128..4096, H 128 and 16) and decode batches (batch
 // 1..128, H 128 and 64) of a run; --quick: S 1024, H 128, decode batch 64.
 std::vector<Work> work_list(const Options& o);
+
+// --calibrate: chunks of ctx_len cached and q_len new tokens with seq_len <=
+// topk (context 0..2000, new tokens 2..2048; one new token is a decode, which
+// is always sparse), H 16 and 128 (--quick: H 128, fewer chunks), each with
+// as many requests as keep about 16K new tokens and at most 128K cached rows
+// (the dense route up-projects every row of its requests).
+std::vector<Work> calibration_grid(const Options& o);
 
 // ---------------------------------------------------------------- anchors
 // Where the reference figures come from (ANCHORS.md of the design brief).
