@@ -5,7 +5,7 @@
 # optionally the A/B of a sparse-kernel switch (scripts/gpu-ab.sh) built in the
 # background while the tests run. Every log is packed into $OUT/logs.tgz (the
 # device returns at most 8 files); ratios.md and env.txt stay beside it.
-# Usage: scripts/gpu-round.sh [FILTER] [AB_CUDA_FLAGS]
+# Usage: [CALIBRATE=1] scripts/gpu-round.sh [FILTER] [AB_CUDA_FLAGS]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
@@ -18,5 +18,13 @@ if [ -x build-gpu/indexer_kernel_bench ]; then
   grep -E "^\||FAIL|MISMATCH" "$OUT/indexer_harness.log" | head -40
 fi
 if [ -n "$ab" ]; then scripts/gpu-ab.sh "$ab" || status=1; fi
-(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz ./*.log ./*.md ./*.json 2>/dev/null && rm -f ./*.log ./anchors.json)
+# CALIBRATE=1: the routing calibration (dsmla bench --calibrate), its grid and plot.
+if [ -n "${CALIBRATE:-}" ]; then
+  echo "== calibration"
+  timeout 300 build-gpu/dsmla bench --calibrate "$OUT/cost_factors.json" --md "$OUT/calibration.md" --repeats 10 \
+    >"$OUT/calibration.log" 2>&1 || { status=1; echo "CALIBRATION FAILED"; tail -5 "$OUT/calibration.log"; }
+  grep -E "dense_cost_factor" "$OUT/calibration.log" | tail -4
+  python3 bench/plot_calibration.py "$OUT/cost_factors.json" "$OUT/calibration.png" || echo "(no plot: matplotlib?)"
+fi
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz ./*.log ./*.md ./*.json 2>/dev/null && rm -f ./*.log ./anchors.json ./calibration.md)
 exit $status
