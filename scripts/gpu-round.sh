@@ -17,6 +17,19 @@ if [ -x build-gpu/indexer_kernel_bench ]; then
   timeout 180 build-gpu/indexer_kernel_bench --kernel both >"$OUT/indexer_harness.log" 2>&1 || { status=1; echo "INDEXER HARNESS FAILED"; }
   grep -E "^\||FAIL|MISMATCH" "$OUT/indexer_harness.log" | head -40
 fi
+# The dense path on a second stream (DSMLA_OVERLAP_PATHS=1, opt-in): mixed
+# batches eager and captured, against the CPU, then racecheck / memcheck.
+echo "== DSMLA_OVERLAP_PATHS=1"
+overlap_filter='*GpuGraph*:*GpuVsCpuNamed*:*GpuVsCpuPolicy*:*GpuSanitizerSmall*'
+DSMLA_OVERLAP_PATHS=1 timeout 240 build-gpu/tests/test_gpu_backend --gtest_filter="$overlap_filter" --gtest_brief=1 \
+  >"$OUT/overlap_tests.log" 2>&1 || { status=1; echo "OVERLAP TESTS FAILED"; }
+grep -E "\[graph\]|PASSED|FAILED" "$OUT/overlap_tests.log" | tail -12
+for tool in racecheck memcheck; do
+  DSMLA_OVERLAP_PATHS=1 DSMLA_TEST_SCALE=small timeout 150 compute-sanitizer --tool $tool --error-exitcode 86 \
+    build-gpu/tests/test_gpu_backend --gtest_filter='*GpuSanitizerSmall.SparseMixed*:*MixedBatchReplay*/bf16' \
+    --gtest_brief=1 >"$OUT/overlap_$tool.log" 2>&1 || { status=1; echo "OVERLAP $tool FAILED"; }
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/overlap_$tool.log" | tail -1
+done
 if [ -n "$ab" ]; then scripts/gpu-ab.sh "$ab" || status=1; fi
 # CALIBRATE=1: the routing calibration (dsmla bench --calibrate), its grid and plot.
 if [ -n "${CALIBRATE:-}" ]; then

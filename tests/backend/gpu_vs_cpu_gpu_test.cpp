@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
@@ -489,19 +490,13 @@ TEST(GpuVsCpuLarge, ThousandsOfTokens) {
 
 class GpuGraph : public ::testing::TestWithParam<int /*cache*/> {};
 
-// One decode step captured once, then replayed with the q / kv_c / k_pe / top-k of other
-// steps copied into the same device buffers; each replay must match the CPU on its inputs.
-TEST_P(GpuGraph, DecodeReplayWithNewData) {
-  DSMLA_SKIP_WITHOUT_GPU();
-  SyntheticSpec spec = make_spec(kCaches[GetParam()], 64, 64, 128);
-  spec.seq_lens = {1, 64, 128, 129, 300, 77, 500, 2, 191, 256, 33, 1000, 64, 65, 400, 130};
-  spec.query_lens.assign(spec.seq_lens.size(), 1);
-  spec.seed = 100;
+// One step of `spec` captured once, then replayed with the q / kv_c / k_pe / top-k of
+// other steps copied into the same device buffers; each replay must match the CPU on
+// its inputs. Returns the replay time of one step in microseconds.
+double replay_with_new_data(const SyntheticSpec& spec, const char* what) {
   const Case base = make_synthetic_case(spec);
-
   Attention attention(BackendKind::cuda, base.plan_options());
   const Plan& plan = attention.plan(base.batch());
-  ASSERT_EQ(plan.sparse_tokens.size(), spec.seq_lens.size());
   DeviceCase d(base, attention.workspace_bytes());
   Stream stream;
 
@@ -537,13 +532,12 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
         test::run_cpu_forward(next, {.precision = CpuPrecision::float32, .threads = 0, .checked = true});
     const CompareReport report = compare_outputs(ref.out, ref.lse, got.out, got.lse,
                                                  tolerance_for(base.cache_format), base.num_heads);
-    EXPECT_TRUE(report.ok()) << "replay " << step << ": " << report.summary();
+    EXPECT_TRUE(report.ok()) << what << ", replay " << step << ": " << report.summary();
     expect_same_cache(ref.kv_cache, got.kv_cache, base.cache_format, "replay " + std::to_string(step));
-    EXPECT_NE(got.out, previous_out) << "replay " << step << " returned the previous step's output";
+    EXPECT_NE(got.out, previous_out) << what << ", replay " << step << " returned the previous step's output";
     previous_out = got.out;
   }
 
-  // Informational: the replay time of this 16-request decode step.
   cudaEvent_t start, stop;
   check_cuda(cudaEventCreate(&start), "event");
   check_cuda(cudaEventCreate(&stop), "event");
@@ -555,12 +549,44 @@ TEST_P(GpuGraph, DecodeReplayWithNewData) {
   check_cuda(cudaEventSynchronize(stop), "sync");
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-  std::printf("[graph] %s: 16 decodes, H 64, topk 128: %.1f us per replayed step\n", kCaches[GetParam()].name,
-              1000.f * ms / kReplays);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  return 1000.0 * ms / kReplays;
+}
+
+TEST_P(GpuGraph, DecodeReplayWithNewData) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  SyntheticSpec spec = make_spec(kCaches[GetParam()], 64, 64, 128);
+  spec.seq_lens = {1, 64, 128, 129, 300, 77, 500, 2, 191, 256, 33, 1000, 64, 65, 400, 130};
+  spec.query_lens.assign(spec.seq_lens.size(), 1);
+  spec.seed = 100;
+  const Case c = make_synthetic_case(spec);
+  Attention attention(BackendKind::cuda, c.plan_options());
+  ASSERT_EQ(attention.plan(c.batch()).sparse_tokens.size(), spec.seq_lens.size());
+  const double us = replay_with_new_data(spec, "16 decodes");
+  // Informational: the replay time of this 16-request decode step.
+  std::printf("[graph] %s: 16 decodes, H 64, topk 128: %.1f us per replayed step\n", kCaches[GetParam()].name, us);
+}
+
+// Decodes, a dense prompt (seq_len <= topk) and a sparse chunk over a cached
+// context in one captured step: both paths in the graph (with
+// DSMLA_OVERLAP_PATHS=1, on two branches forked and joined inside run()).
+TEST_P(GpuGraph, MixedBatchReplayWithNewData) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  SyntheticSpec spec = make_spec(kCaches[GetParam()], 64, 64, 128);
+  spec.seq_lens = {300, 90, 500, 400, 64};
+  spec.query_lens = {1, 90, 1, 40, 1};
+  spec.seed = 200;
+  const Case c = make_synthetic_case(spec);
+  Attention attention(BackendKind::cuda, c.plan_options());
+  const Plan& plan = attention.plan(c.batch());
+  ASSERT_FALSE(plan.dense_requests.empty());
+  ASSERT_FALSE(plan.sparse_tokens.empty());
+  const double us = replay_with_new_data(spec, "mixed batch");
+  std::printf("[graph] %s: mixed batch (3 decodes, dense 90, sparse 40 over 360), H 64, topk 128: %.1f us%s\n",
+              kCaches[GetParam()].name, us, std::getenv("DSMLA_OVERLAP_PATHS") ? " (DSMLA_OVERLAP_PATHS set)" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, GpuGraph, ::testing::Values(0, 1, 2, 3),

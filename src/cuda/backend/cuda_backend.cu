@@ -40,12 +40,22 @@
 // and a user workspace keeps cuBLAS from allocating during graph capture.
 // A backend object serves one thread at a time on the device that was current
 // when it was constructed.
+//
+// DSMLA_OVERLAP_PATHS=1 (read at construction; opt-in until measured, see
+// NOTES.md of cuda/backend): a batch with both paths runs the dense one on a
+// second stream, forked from the caller's after step 2 and joined back with
+// events, with its own cuBLAS workspace; a captured graph records the fork
+// as two branches. The two paths touch disjoint workspace regions and
+// disjoint rows of out / lse.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +64,7 @@
 #include "cuda/cache/cache_kernels.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/stream.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
@@ -124,6 +135,11 @@ class CudaBackend final : public BackendImpl {
     DSMLA_CUBLAS_CHECK(cublasCreate(&cublas_));
     try {
       cublas_workspace_.resize(kCublasWorkspaceBytes);
+      const char* overlap = std::getenv("DSMLA_OVERLAP_PATHS");
+      if (overlap != nullptr && std::strcmp(overlap, "1") == 0) {
+        overlap_ = std::make_unique<PathOverlap>();
+        overlap_->cublas_workspace.resize(kCublasWorkspaceBytes);
+      }
     } catch (...) {
       cublasDestroy(cublas_);
       throw;
@@ -145,9 +161,24 @@ class CudaBackend final : public BackendImpl {
   // The top-k rows the sparse path reads: the caller's, or the indexer's output.
   static const std::int32_t* sparse_topk(const Plan& plan, const ForwardInputs& in, void* workspace);
 
+  // The cuBLAS calls that follow go to `stream` with `ws` (cublasSetStream
+  // detaches the workspace, so both are set together).
+  void bind_cublas(cudaStream_t stream, DeviceBuffer<std::uint8_t>& ws) {
+    DSMLA_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
+    DSMLA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, ws.data(), ws.bytes()));
+  }
+
   PlanOptions options_;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer<std::uint8_t> cublas_workspace_;
+  // DSMLA_OVERLAP_PATHS=1 only: the dense path's stream, the events that fork
+  // it from and join it to the caller's stream, its cuBLAS workspace.
+  struct PathOverlap {
+    Stream side;
+    Event fork, join;
+    DeviceBuffer<std::uint8_t> cublas_workspace;
+  };
+  std::unique_ptr<PathOverlap> overlap_;
 
   // Metadata of the last plan given to on_plan().
   bool planned_ = false;
@@ -293,12 +324,22 @@ void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace
                             .out = in.out,
                             .lse = in.lse},
                            stream);
-  if (!plan.sparse_tokens.empty() || !plan.dense_requests.empty()) {
-    DSMLA_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
-    DSMLA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes()));
+  const bool sparse = !plan.sparse_tokens.empty(), dense = !plan.dense_requests.empty();
+  if (sparse && dense && overlap_) {
+    PathOverlap& o = *overlap_;
+    DSMLA_CUDA_CHECK(cudaEventRecord(o.fork.get(), stream));
+    DSMLA_CUDA_CHECK(cudaStreamWaitEvent(o.side.get(), o.fork.get(), 0));
+    bind_cublas(o.side.get(), o.cublas_workspace);
+    run_dense(plan, in, workspace, o.side.get());
+    DSMLA_CUDA_CHECK(cudaEventRecord(o.join.get(), o.side.get()));
+    bind_cublas(stream, cublas_workspace_);
+    run_sparse(plan, in, workspace, stream);
+    DSMLA_CUDA_CHECK(cudaStreamWaitEvent(stream, o.join.get(), 0));
+    return;
   }
-  if (!plan.sparse_tokens.empty()) run_sparse(plan, in, workspace, stream);
-  if (!plan.dense_requests.empty()) run_dense(plan, in, workspace, stream);
+  if (sparse || dense) bind_cublas(stream, cublas_workspace_);
+  if (sparse) run_sparse(plan, in, workspace, stream);
+  if (dense) run_dense(plan, in, workspace, stream);
 }
 
 void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {

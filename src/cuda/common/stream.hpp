@@ -1,6 +1,6 @@
 // An owning, non-blocking CUDA stream (cudaStreamCreateWithFlags /
-// cudaStreamDestroy): the one stream class of the CLI, the benchmarks and the
-// tests. Host code; compiles with or without nvcc (g++ needs only the CUDA
+// cudaStreamDestroy): the one stream class of the CLI, the benchmarks, the
+// tests and the backend's second stream; and an owning event. Host code; compiles with or without nvcc (g++ needs only the CUDA
 // include path).
 #pragma once
 #include <cuda_runtime.h>
@@ -35,6 +35,24 @@ class Stream {
 
  private:
   cudaStream_t stream_ = nullptr;
+};
+
+// An owning event without timing (cudaEventDisableTiming): the cheapest kind,
+// for ordering work between streams (and between the branches of a captured
+// graph).
+class Event {
+ public:
+  Event() { DSMLA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
 };
 
 }  // namespace dsmla::cuda
