@@ -24,6 +24,8 @@ overlap_filter='*GpuGraph*:*GpuVsCpuNamed*:*GpuVsCpuPolicy*:*GpuSanitizerSmall*'
 DSMLA_OVERLAP_PATHS=1 timeout 240 build-gpu/tests/test_gpu_backend --gtest_filter="$overlap_filter" --gtest_brief=1 \
   >"$OUT/overlap_tests.log" 2>&1 || { status=1; echo "OVERLAP TESTS FAILED"; }
 grep -E "\[graph\]|PASSED|FAILED" "$OUT/overlap_tests.log" | tail -12
+echo "-- the same captured mixed batch without it (replay times to compare)"
+timeout 120 build-gpu/tests/test_gpu_backend --gtest_filter='*MixedBatchReplay*' --gtest_brief=1 2>&1 | grep -E "\[graph\]|FAILED"
 for tool in racecheck memcheck; do
   DSMLA_OVERLAP_PATHS=1 DSMLA_TEST_SCALE=small timeout 150 compute-sanitizer --tool $tool --error-exitcode 86 \
     build-gpu/tests/test_gpu_backend --gtest_filter='*GpuSanitizerSmall.SparseMixed*:*MixedBatchReplay*/bf16' \
