@@ -124,7 +124,47 @@ json report_json(const Report& rep) {
   j["anchor_source"] = kAnchorSource;
   j["rows"] = json::array();
   for (const Row& r : rep.rows) j["rows"].push_back(row_json(r, rep.ceilings));
+  j["mixed"] = json::array();
+  for (const MixedRow& m : rep.mixed) {
+    json row = {{"heads", m.batch.heads}, {"cache", std::string(to_string(m.batch.cache))},
+                {"seq_lens", m.batch.seq_lens}, {"query_lens", m.batch.query_lens}, {"tokens", m.tokens},
+                {"dense_requests", m.dense_requests}, {"sparse_requests", m.sparse_requests}};
+    if (m.ok()) {
+      row["forward_ms"] = m.forward_ms;
+      row["overlap_ms"] = m.overlap_ms;
+      row["dense_alone_ms"] = m.dense_alone_ms;
+      row["sparse_alone_ms"] = m.sparse_alone_ms;
+    } else {
+      row["error"] = m.error;
+    }
+    j["mixed"].push_back(row);
+  }
   return j;
+}
+
+// "| H | tokens | dense / sparse requests | forward | overlap | dense alone | sparse alone | ... |"
+std::string mixed_markdown(const Report& rep) {
+  if (rep.mixed.empty()) return "";
+  std::string md = "## Mixed serving batch: one 4096-token prompt, eight of 300..2000, 32 decodes over "
+                   "3000..7247, topk 2048\n\n";
+  md += "Forward per_request on one stream, the same with the dense path on a second stream "
+        "(DSMLA_OVERLAP_PATHS=1), and the dense-routed and sparse-routed requests each as a batch of their own.\n\n";
+  md += "| H | cache | tokens | dense / sparse requests | forward ms | overlap ms | dense alone ms | sparse alone ms | "
+        "forward / sum | overlap / sum |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const MixedRow& m : rep.mixed) {
+    md += "| " + std::to_string(m.batch.heads) + " | " + std::string(to_string(m.batch.cache)) + " | " +
+          std::to_string(m.tokens) + " | " + std::to_string(m.dense_requests) + " / " +
+          std::to_string(m.sparse_requests) + " | ";
+    if (!m.ok()) {
+      md += "error: " + m.error + " | | | | | |\n";
+      continue;
+    }
+    const double sum = m.dense_alone_ms + m.sparse_alone_ms;
+    md += fmt("%.3f", m.forward_ms) + " | " + fmt("%.3f", m.overlap_ms) + " | " + fmt("%.3f", m.dense_alone_ms) +
+          " | " + fmt("%.3f", m.sparse_alone_ms) + " | " + fmt("%.2fx", m.forward_ms / sum) + " | " +
+          fmt("%.2fx", m.overlap_ms / sum) + " |\n";
+  }
+  return md + "\n";
 }
 
 const Row* find_row(const std::vector<Row>& rows, What what, const Work& w) {
@@ -210,6 +250,7 @@ std::string markdown(const Report& rep) {
             "\n";
     }
   }
+  md += mixed_markdown(rep);
   return md;
 }
 
@@ -229,6 +270,17 @@ void print_table(const Report& rep) {
     if (r.anchor) std::printf("%9.3f", r.anchor->ms);
     if (r.anchor && r.ok()) std::printf(" %7.2fx", r.anchor->ms / r.median_ms());
     std::printf("%s\n", r.error.empty() ? "" : ("  ERROR: " + r.error).c_str());
+  }
+  for (const MixedRow& m : rep.mixed) {
+    if (!m.ok()) {
+      std::printf("mixed H %d: ERROR: %s\n", m.batch.heads, m.error.c_str());
+      continue;
+    }
+    std::printf("mixed H %d %s: forward %.3f ms, overlap %.3f ms, dense alone %.3f + sparse alone %.3f ms "
+                "(forward / sum %.2fx, overlap / sum %.2fx)\n",
+                m.batch.heads, std::string(to_string(m.batch.cache)).c_str(), m.forward_ms, m.overlap_ms, m.dense_alone_ms,
+                m.sparse_alone_ms, m.forward_ms / (m.dense_alone_ms + m.sparse_alone_ms),
+                m.overlap_ms / (m.dense_alone_ms + m.sparse_alone_ms));
   }
   std::fflush(stdout);
 }

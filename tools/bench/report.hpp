@@ -49,12 +49,25 @@ struct Row {
 // A row for `what` of `w` with its counts and anchor, not yet timed.
 Row make_row(What what, const Work& w);
 
+// A mixed batch's forward per_request, the same with the dense path on a
+// second stream (DSMLA_OVERLAP_PATHS=1), and its dense-routed and sparse-routed
+// requests each as a batch of their own.
+struct MixedRow {
+  MixedBatch batch;
+  std::int64_t tokens = 0;
+  int dense_requests = 0, sparse_requests = 0;  // as planned per_request
+  double forward_ms = 0, overlap_ms = 0, dense_alone_ms = 0, sparse_alone_ms = 0;
+  std::string error;
+  bool ok() const { return error.empty(); }
+};
+
 struct Report {
   std::string date, commit, gpu;
   nlohmann::json gpu_json;
   Options options;
   Ceilings ceilings;
   std::vector<Row> rows;
+  std::vector<MixedRow> mixed;
 };
 
 std::string utc_now();

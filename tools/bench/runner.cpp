@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -385,6 +386,123 @@ class Runner {
   bool dense_ok_ = false;
 };
 
+// The forward of a batch of requests (seq_lens / query_lens) per_request:
+// random inputs, causal random top-k sets, a shuffled block table; the median
+// of `options.repeats` CUDA-event timings. overlap: the backend is built with
+// DSMLA_OVERLAP_PATHS=1 (the dense path on a second stream), otherwise without.
+double time_forward(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens,
+                    int heads, CacheFormat cache, bool overlap, const Options& options,
+                    std::vector<bool>* routed_dense = nullptr) {
+  std::mt19937_64 rng(0x313A7ED5ull + seq_lens.size());
+  BatchLayout layout;
+  layout.shuffle_rng = &rng;
+  const BatchStorage host = make_batch(seq_lens, query_lens, kBlockSize, layout);
+  const BatchDesc desc = host.desc();
+  PlanOptions po;
+  po.num_heads = heads;
+  po.cache_format = cache;
+  po.topk = kTopk;
+  // The variable is read when the backend is constructed.
+  if (overlap) {
+    setenv("DSMLA_OVERLAP_PATHS", "1", 1);
+  } else {
+    unsetenv("DSMLA_OVERLAP_PATHS");
+  }
+  Attention attention(BackendKind::cuda, po);
+  unsetenv("DSMLA_OVERLAP_PATHS");
+  const Plan& plan = attention.plan(desc);
+  if (routed_dense != nullptr) {
+    routed_dense->clear();
+    for (const RequestRoute& r : plan.routes) routed_dense->push_back(r.path == TokenPath::dense);
+  }
+
+  cuda::Stream stream;
+  void* s = stream.handle();
+  const std::size_t t = static_cast<std::size_t>(desc.num_tokens), h = static_cast<std::size_t>(heads);
+  const std::int64_t num_slots = host.num_cache_blocks * kBlockSize;
+  DeviceBuffer<std::uint16_t> q(t * h * kQkHeadDim), kv_c(t * kLatentDim), k_pe(t * kRopeDim),
+      w_kv_b(h * kKvBRowsPerHead * kLatentDim), out(t * h * kVHeadDim);
+  DeviceBuffer<std::uint8_t> kv_cache(static_cast<std::size_t>(num_slots) * bytes_per_token(cache));
+  DeviceBuffer<std::int32_t> topk(t * kTopk), block_table, seq, qsl;
+  DeviceBuffer<std::int64_t> slots;
+  DeviceBuffer<float> lse(t * h);
+  block_table.upload(host.block_table);
+  seq.upload(host.seq_lens);
+  qsl.upload(host.query_start_loc);
+  slots.upload(host.slot_mapping);
+  dev::fill_random_bf16(q.data(), q.size(), 1.0f, 11, s);
+  dev::fill_random_bf16(kv_c.data(), kv_c.size(), 1.0f, 12, s);
+  dev::fill_random_bf16(k_pe.data(), k_pe.size(), 1.0f, 13, s);
+  dev::fill_random_bf16(w_kv_b.data(), w_kv_b.size(), 1.0f / std::sqrt(static_cast<float>(kLatentDim)), 14, s);
+  dev::fill_random_cache(kv_cache.data(), num_slots, cache, 15, s);
+  for (std::size_t r = 0; r < seq_lens.size(); ++r) {
+    dev::CausalTopkSpec spec;
+    spec.num_requests = 1;
+    spec.query_len = query_lens[r];
+    spec.seq_len = seq_lens[r];
+    spec.topk = kTopk;
+    spec.seed = 16 + r;
+    dev::fill_causal_topk(spec, topk.data() + static_cast<std::size_t>(host.query_start_loc[r]) * kTopk, nullptr,
+                          nullptr, nullptr, s);
+  }
+  DeviceBuffer<std::byte> workspace(attention.workspace_bytes());
+  ForwardInputs f;
+  f.q = q.data();
+  f.kv_c = kv_c.data();
+  f.k_pe = k_pe.data();
+  f.w_kv_b = w_kv_b.data();
+  f.kv_cache = kv_cache.data();
+  f.block_table = block_table.data();
+  f.seq_lens = seq.data();
+  f.query_start_loc = qsl.data();
+  f.slot_mapping = slots.data();
+  f.topk_indices = topk.data();
+  f.out = out.data();
+  f.lse = lse.data();
+  f.softmax_scale = static_cast<float>(default_softmax_scale());
+  f.k_scale = 1;
+  f.q_scale = 1;
+  dev::synchronize_and_check(s, "mixed batch inputs");
+  const std::vector<float> samples = dev::time_with_events(
+      s, options.warmup, options.repeats, [&](int) { attention.run(f, workspace.data(), s); });
+  dev::synchronize_and_check(s, "mixed batch forward");
+  const dev::OutputCheck check = dev::check_bf16_output(out.data(), nullptr, out.size(), s);
+  if (check.nonfinite != 0) throw Error("mixed batch: " + std::to_string(check.nonfinite) + " non-finite outputs");
+  return median_of(samples);
+}
+
+// A mixed batch: the forward with and without the second stream, then its
+// dense-routed and sparse-routed requests alone.
+MixedRow time_mixed(const MixedBatch& m, const Options& options) {
+  MixedRow row;
+  row.batch = m;
+  for (std::int32_t q : m.query_lens) row.tokens += q;
+  progress("mixed batch H %d %s: %zu requests, %lld tokens", m.heads, std::string(to_string(m.cache)).c_str(),
+           m.seq_lens.size(), static_cast<long long>(row.tokens));
+  try {
+    std::vector<bool> routed_dense;
+    row.forward_ms = time_forward(m.seq_lens, m.query_lens, m.heads, m.cache, false, options, &routed_dense);
+    row.overlap_ms = time_forward(m.seq_lens, m.query_lens, m.heads, m.cache, true, options);
+    // The requests split as the planner routed them.
+    std::vector<std::int32_t> dense_seq, dense_q, sparse_seq, sparse_q;
+    for (std::size_t r = 0; r < m.seq_lens.size(); ++r) {
+      (routed_dense[r] ? dense_seq : sparse_seq).push_back(m.seq_lens[r]);
+      (routed_dense[r] ? dense_q : sparse_q).push_back(m.query_lens[r]);
+    }
+    row.dense_requests = static_cast<int>(dense_seq.size());
+    row.sparse_requests = static_cast<int>(sparse_seq.size());
+    if (dense_seq.empty() || sparse_seq.empty()) throw Error("the planner did not route both paths");
+    row.dense_alone_ms = time_forward(dense_seq, dense_q, m.heads, m.cache, false, options);
+    row.sparse_alone_ms = time_forward(sparse_seq, sparse_q, m.heads, m.cache, false, options);
+    progress("  forward %.3f ms, overlap %.3f ms, dense alone %.3f ms, sparse alone %.3f ms", row.forward_ms,
+             row.overlap_ms, row.dense_alone_ms, row.sparse_alone_ms);
+  } catch (const std::exception& e) {
+    row.error = e.what();
+    progress("  error: %s", e.what());
+  }
+  return row;
+}
+
 // --calibrate: both routes of every chunk of the grid, a fit per head count,
 // the cost-factor file (and the grid as markdown / the rows as JSON).
 int run_calibration(Runner& runner, Report& rep, const Options& options) {
@@ -442,11 +560,13 @@ int run_bench(const Options& options) {
   rep.ceilings = runner.measure_ceilings();
   if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
   for (const Work& w : work_list(options)) runner.run(w, rep.rows);
+  for (const MixedBatch& m : mixed_batches(options)) rep.mixed.push_back(time_mixed(m, options));
 
   print_table(rep);
   if (!options.json_path.empty()) write_file(options.json_path, report_json(rep).dump(2) + "\n");
   if (!options.md_path.empty()) write_file(options.md_path, markdown(rep));
-  const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); });
+  const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); }) &&
+                      std::all_of(rep.mixed.begin(), rep.mixed.end(), [](const MixedRow& m) { return m.ok(); });
   if (!all_ok) std::fprintf(stderr, "dsmla bench: some rows failed (see the table)\n");
   return all_ok ? 0 : kExitRuntime;
 }

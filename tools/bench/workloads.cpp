@@ -172,6 +172,26 @@ std::optional<Anchor> anchor_for(What what, const Work& w) {
   return std::nullopt;
 }
 
+std::vector<MixedBatch> mixed_batches(const Options& o) {
+  MixedBatch m;
+  m.seq_lens = {4096};
+  m.query_lens = {4096};
+  for (int len : {300, 500, 700, 900, 1200, 1500, 1800, 2000}) {
+    m.seq_lens.push_back(len);
+    m.query_lens.push_back(len);
+  }
+  for (int i = 0; i < 32; ++i) {
+    m.seq_lens.push_back(3000 + 137 * i);
+    m.query_lens.push_back(1);
+  }
+  std::vector<MixedBatch> list;
+  for (int h : o.quick ? std::vector<int>{128} : std::vector<int>{128, 64}) {
+    m.heads = h;
+    list.push_back(m);
+  }
+  return list;
+}
+
 std::vector<Work> calibration_grid(const Options& o) {
   const std::vector<int> heads = o.quick ? std::vector<int>{128} : std::vector<int>{16, 128};
   const std::vector<int> contexts = o.quick ? std::vector<int>{0, 1024} : std::vector<int>{0, 256, 512, 1024, 1536, 2000};

@@ -91,6 +91,16 @@ std::vector<Work> work_list(const Options& o);
 // (the dense route up-projects every row of its requests).
 std::vector<Work> calibration_grid(const Options& o);
 
+// A mixed serving batch (issues 7 and 9): one 4096-token prompt (sparse), eight
+// prompts of 300..2000 tokens (dense under per_request), 32 decodes over
+// contexts of 3000..7247 tokens; fp8_ds_mla, topk 2048, H 128 and 64 (--quick: 128).
+struct MixedBatch {
+  std::vector<std::int32_t> seq_lens, query_lens;
+  int heads = 0;
+  CacheFormat cache = CacheFormat::fp8_ds_mla;
+};
+std::vector<MixedBatch> mixed_batches(const Options& o);
+
 // ---------------------------------------------------------------- anchors
 // Where the reference figures come from (ANCHORS.md of the design brief).
 extern const char* const kAnchorSource;
