@@ -5,7 +5,7 @@
 # optionally the A/B of a sparse-kernel switch (scripts/gpu-ab.sh) built in the
 # background while the tests run. Every log is packed into $OUT/logs.tgz (the
 # device returns at most 8 files); ratios.md and env.txt stay beside it.
-# Usage: [CALIBRATE=1] scripts/gpu-round.sh [FILTER] [AB_CUDA_FLAGS]
+# Usage: [BENCH=1|--quick] [CALIBRATE=1] scripts/gpu-round.sh [FILTER] [AB_CUDA_FLAGS]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
@@ -33,6 +33,13 @@ for tool in racecheck memcheck; do
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/overlap_$tool.log" | tail -1
 done
 if [ -n "$ab" ]; then scripts/gpu-ab.sh "$ab" || status=1; fi
+# BENCH=1 (or BENCH=--quick): dsmla bench, its routes, kernels and the mixed serving batch.
+if [ -n "${BENCH:-}" ]; then
+  echo "== dsmla bench ${BENCH#1}"
+  timeout 400 build-gpu/dsmla bench ${BENCH#1} --json "$OUT/bench.json" --md "$OUT/bench.md" >"$OUT/bench.log" 2>&1 \
+    || { status=1; echo "BENCH FAILED"; }
+  grep -E "^mixed|ERROR" "$OUT/bench.log" | tail -8
+fi
 # CALIBRATE=1: the routing calibration (dsmla bench --calibrate), its grid and plot.
 if [ -n "${CALIBRATE:-}" ]; then
   echo "== calibration"
