@@ -21,7 +21,7 @@ using bench::Options;
 
 const char* kUsage =
     "usage: dsmla bench [--json FILE] [--md FILE] [--quick] [--repeats N] [--warmup N]\n"
-    "                   [--prefill-cache bf16|fp8_ds_mla|fp8] [--calibrate FILE]\n"
+    "                   [--prefill-cache bf16|fp8_ds_mla|fp8] [--anchors FILE] [--calibrate FILE]\n"
     "  Times the dense route, the sparse route and each kernel alone for 16384 prefill\n"
     "  tokens (S in 128..4096, H 128 and 16) and fp8_ds_mla decode (H 128 and 64, batch\n"
     "  1..128, 8192-token contexts, topk 2048), next to a cuBLAS bf16 GEMM and a device\n"
@@ -29,6 +29,8 @@ const char* kUsage =
     "  of 300..2000, 32 decodes; fp8_ds_mla, H 128 and 64): its forward on one stream and with\n"
     "  DSMLA_OVERLAP_PATHS=1, and its dense and sparse requests alone.\n"
     "  --quick: S 1024, H 128, decode batch 64, mixed H 128 only.\n"
+    "  --anchors FILE: anchors_bench.py --json of the same device call; kernel rows then show\n"
+    "  its FlashMLA / cuDNN / FlashAttention-3 time and ours / anchor.\n"
     "  --calibrate FILE: instead, both routes of chunks of context 0..2000 and 2..2048 new\n"
     "  tokens (seq_len <= topk, H 16 and 128), and per head count the dense_cost_factor that\n"
     "  routes the most chunks to their faster route, written to FILE (dsmla plan\n"
@@ -42,6 +44,7 @@ Options parse_options(const Args& args) {
   o.md_path = args.get("--md", "");
   o.quick = args.has("--quick");
   o.calibrate_path = args.get("--calibrate", "");
+  o.anchors_path = args.get("--anchors", "");
   o.repeats = static_cast<int>(args.get_int("--repeats", o.repeats, 1, 100000));
   o.warmup = static_cast<int>(args.get_int("--warmup", o.warmup, 0, 100000));
   if (args.has("--prefill-cache")) {
@@ -55,7 +58,7 @@ Options parse_options(const Args& args) {
 int bench_main(int argc, char** argv) {
   const Args args("bench",
                   {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"},
-                   {"--calibrate"}},
+                   {"--calibrate"}, {"--anchors"}},
                   argc, argv);
   if (args.help()) {
     std::fputs(kUsage, stdout);

@@ -90,6 +90,10 @@ json row_json(const Row& r, const Ceilings& c) {
       if (r.ok()) j["anchor"]["alt"]["speedup"] = r.anchor->alt_ms / r.median_ms();
     }
   }
+  if (r.same_run) {
+    j["same_run_anchor"] = {{"ms", r.same_run->ms}, {"what", r.same_run->what}};
+    if (r.ok()) j["same_run_anchor"]["ours_over_anchor"] = r.median_ms() / r.same_run->ms;
+  }
   if (r.nonfinite >= 0) {
     j["check"] = {{"nonfinite_outputs", r.nonfinite}, {"max_abs_output", r.max_abs_out}};
     if (r.max_abs_diff_vs_dense >= 0) j["check"]["max_abs_diff_vs_dense_route"] = r.max_abs_diff_vs_dense;
@@ -122,6 +126,7 @@ json report_json(const Report& rep) {
       {"device_copy", {{"bytes_each_way", kCopyCeilingBytes}, {"median_ms", median_of(rep.ceilings.copy_ms)},
                        {"tbps_read_plus_write", rep.ceilings.copy_tbps}}}};
   j["anchor_source"] = kAnchorSource;
+  if (!rep.same_run_source.empty()) j["same_run_anchor_source"] = rep.same_run_source;
   j["rows"] = json::array();
   for (const Row& r : rep.rows) j["rows"].push_back(row_json(r, rep.ceilings));
   j["mixed"] = json::array();
@@ -189,8 +194,9 @@ std::string markdown(const Report& rep) {
         " TFLOP/s**; device-to-device copy (2 GiB, read + write) **" + fmt("%.2f", c.copy_tbps) + " TB/s**.\n\n";
 
   auto table = [&](bool decode) {
-    md += "| what | S | H | batch | ms | TFLOP/s | % GEMM | TB/s | % copy | anchor ms | anchor / ours | anchor |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "| what | S | H | batch | ms | TFLOP/s | % GEMM | TB/s | % copy | anchor ms | anchor / ours | anchor | "
+          "same-run anchor ms | ours / same-run |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Row& r : rep.rows) {
       if (r.work.decode != decode) continue;
       md += "| " + r.name() + " | " + std::to_string(r.work.seq_len) + " | " + std::to_string(r.work.heads) +
@@ -204,9 +210,15 @@ std::string markdown(const Report& rep) {
       }
       if (r.anchor) {
         md += fmt("%.3f", r.anchor->ms) + " | " + (r.ok() ? fmt("%.2fx", r.anchor->ms / r.median_ms()) : "") +
-              " | " + r.anchor->what + " |\n";
+              " | " + r.anchor->what + " | ";
       } else {
-        md += "– | | |\n";
+        md += "– | | | ";
+      }
+      if (r.same_run) {
+        md += fmt("%.3f", r.same_run->ms) + " | " + (r.ok() ? fmt("%.2fx", r.median_ms() / r.same_run->ms) : "") +
+              " |\n";
+      } else {
+        md += "– | |\n";
       }
     }
     md += "\n";
@@ -240,6 +252,8 @@ std::string markdown(const Report& rep) {
         "2·valid·H·(576+512), up-projection 2·rows·512·H·256. TB/s counts compulsory traffic "
         "(inputs read once, outputs written once). anchor / ours > 1 means faster than the anchor.\n";
   md += "Anchors: " + std::string(kAnchorSource) + ".\n";
+  if (!rep.same_run_source.empty())
+    md += "Same-run anchors (ours / same-run < 1 means faster than the anchor): " + rep.same_run_source + ".\n";
   bool any_error = false;
   for (const Row& r : rep.rows) {
     if (!r.note.empty() || !r.error.empty()) {
@@ -269,6 +283,7 @@ void print_table(const Report& rep) {
     }
     if (r.anchor) std::printf("%9.3f", r.anchor->ms);
     if (r.anchor && r.ok()) std::printf(" %7.2fx", r.anchor->ms / r.median_ms());
+    if (r.same_run && r.ok()) std::printf("  same run %.3f ms, ours / anchor %.2fx", r.same_run->ms, r.median_ms() / r.same_run->ms);
     std::printf("%s\n", r.error.empty() ? "" : ("  ERROR: " + r.error).c_str());
   }
   for (const MixedRow& m : rep.mixed) {

@@ -30,6 +30,7 @@ struct Row {
   std::vector<float> samples_ms;
   int input_copies = 1;
   std::optional<Anchor> anchor;
+  std::optional<Anchor> same_run;  // --anchors: the figure of the same device call
   std::string note;
   std::string error;
   // output sanity check (routes and kernels): -1 = not checked
@@ -68,6 +69,7 @@ struct Report {
   Ceilings ceilings;
   std::vector<Row> rows;
   std::vector<MixedRow> mixed;
+  std::string same_run_source;  // --anchors: the file and what it names
 };
 
 std::string utc_now();

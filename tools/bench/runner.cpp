@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,7 +59,8 @@ struct InputCopy {
 
 class Runner {
  public:
-  Runner(const Options& options, const dev::DeviceInfo& info) : options_(options), info_(info) {}
+  Runner(const Options& options, const dev::DeviceInfo& info, const SameRunAnchors* anchors)
+      : options_(options), info_(info), anchors_(anchors) {}
 
   Ceilings measure_ceilings() {
     Ceilings c;
@@ -82,7 +84,10 @@ class Runner {
                                             : std::vector<What>{What::dense_route, What::sparse_route,
                                                                 What::dense_kernel, What::sparse_kernel};
     std::vector<Row> out;
-    for (What what : whats) out.push_back(make_row(what, w));
+    for (What what : whats) {
+      out.push_back(make_row(what, w));
+      if (anchors_ != nullptr) out.back().same_run = same_run_anchor_for(what, w, *anchors_);
+    }
     if (!device_error_.empty()) {
       for (Row& r : out) r.error = "skipped after an earlier device error: " + device_error_;
       rows.insert(rows.end(), out.begin(), out.end());
@@ -374,6 +379,7 @@ class Runner {
 
   const Options& options_;
   dev::DeviceInfo info_;
+  const SameRunAnchors* anchors_;  // --anchors, or null
   cuda::Stream stream_;
   std::string device_error_;
   Work work_;
@@ -556,7 +562,16 @@ int run_bench(const Options& options) {
                   {"memory_bytes", info.global_memory_bytes},
                   {"cuda_driver_version", info.driver_version},
                   {"cuda_runtime_version", info.runtime_version}};
-  Runner runner(options, info);
+  std::optional<SameRunAnchors> anchors;
+  if (!options.anchors_path.empty()) {
+    try {
+      anchors = load_same_run_anchors(options.anchors_path);
+    } catch (const Error& e) {
+      throw UsageError(e.what());  // a bad file the caller named, not a failure of the run
+    }
+    rep.same_run_source = anchors->source;
+  }
+  Runner runner(options, info, anchors ? &*anchors : nullptr);
   rep.ceilings = runner.measure_ceilings();
   if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
   for (const Work& w : work_list(options)) runner.run(w, rep.rows);

@@ -2,6 +2,8 @@
 #include "bench/workloads.hpp"
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 
@@ -168,6 +170,55 @@ std::optional<Anchor> anchor_for(What what, const Work& w) {
     if (heads_anchor(kAbsorptionBmmAnchors, w.heads) <= 0) return std::nullopt;
     return Anchor{a.topk_length_ms + gemms, "FlashMLA sparse (topk_length) + torch bmm x2", a.padded_ms + gemms,
                   "FlashMLA sparse over all 2048 slots + torch bmm x2"};
+  }
+  return std::nullopt;
+}
+
+SameRunAnchors load_same_run_anchors(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("--anchors '" + path + "': cannot be opened");
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("rows") || !doc["rows"].is_array())
+    throw Error("--anchors '" + path + "': not an anchors_bench.py --json file (no \"rows\" array)");
+  SameRunAnchors a;
+  a.source = path;
+  if (doc.contains("env") && doc["env"].is_object()) {
+    const nlohmann::json& env = doc["env"];
+    for (const char* key : {"gpu", "flashmla", "fa3", "cudnn"})
+      if (env.contains(key)) a.source += std::string(", ") + key + " " + env[key].dump();
+  }
+  for (const nlohmann::json& row : doc["rows"]) {
+    if (!row.is_object() || !row.contains("what") || !row.contains("time") || !row.contains("H")) continue;
+    const std::string what = row["what"].get<std::string>();
+    const double scale = row.value("unit", std::string("ms")) == "us" ? 1e-3 : 1.0;
+    const int size = row.contains("S") ? row["S"].get<int>() : row.contains("B") ? row["B"].get<int>() : -1;
+    if (size < 0 || !row["time"].is_number()) continue;
+    a.ms[what + " " + std::to_string(size) + " " + std::to_string(row["H"].get<int>())] = row["time"].get<double>() * scale;
+  }
+  if (a.ms.empty()) throw Error("--anchors '" + path + "': no usable rows");
+  return a;
+}
+
+std::optional<Anchor> same_run_anchor_for(What what, const Work& w, const SameRunAnchors& anchors) {
+  const auto find = [&](const char* name, int size) -> double {
+    const auto it = anchors.ms.find(std::string(name) + " " + std::to_string(size) + " " + std::to_string(w.heads));
+    return it == anchors.ms.end() ? 0 : it->second;
+  };
+  if (w.decode) {
+    const double ms = what == What::sparse_kernel ? find("flashmla_fp8_decode", w.requests) : 0;
+    if (ms > 0) return Anchor{ms, "FlashMLA fp8 decode, same run", 0, ""};
+    return std::nullopt;
+  }
+  if (what == What::sparse_kernel) {
+    const double ms = find("flashmla_sparse_prefill", w.seq_len);
+    if (ms > 0) return Anchor{ms, "FlashMLA sparse prefill, same run", 0, ""};
+  }
+  if (what == What::dense_kernel) {
+    const double fa3 = find("fa3_dense", w.seq_len), cudnn = find("cudnn_dense", w.seq_len);
+    if (fa3 > 0 || cudnn > 0) {
+      const bool use_cudnn = cudnn > 0 && (fa3 <= 0 || cudnn <= fa3);
+      return Anchor{use_cudnn ? cudnn : fa3, use_cudnn ? "cuDNN SDPA, same run" : "FlashAttention-3, same run", 0, ""};
+    }
   }
   return std::nullopt;
 }

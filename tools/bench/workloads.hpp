@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ constexpr double kBf16 = 2, kFp32 = 4, kInt32 = 4;
 struct Options {
   std::string json_path, md_path;
   std::string calibrate_path;  // --calibrate FILE: time the calibration grid, write the cost factors
+  std::string anchors_path;    // --anchors FILE: ../shared/anchors/anchors_bench.py --json of the same call
   bool quick = false;
   int repeats = 30;
   int warmup = 5;
@@ -114,6 +116,20 @@ struct Anchor {
   std::string alt_what;
 };
 std::optional<Anchor> anchor_for(What what, const Work& w);
+
+// The anchors timed in the same device call by ../shared/anchors/anchors_bench.py
+// (its --json: rows of {what, unit, time, S, H} / {what, unit, time, B, H, ctx}),
+// keyed "<what> <S or B> <H>", in ms.
+struct SameRunAnchors {
+  std::string source;  // the file, and the GPU / versions it names
+  std::map<std::string, double> ms;
+};
+// Throws Error naming the file and the problem.
+SameRunAnchors load_same_run_anchors(const std::string& path);
+// The same-run figure a kernel row compares with: FlashMLA sparse prefill (S, H),
+// the faster of cuDNN and FlashAttention-3 (S, H), FlashMLA fp8 decode (batch, H).
+// Routes have none (the anchors time no GEMMs).
+std::optional<Anchor> same_run_anchor_for(What what, const Work& w, const SameRunAnchors& anchors);
 
 // ---------------------------------------------------------------- host batch metadata
 // Metadata of a uniform batch with a shuffled block table (every request's
