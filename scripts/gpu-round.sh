@@ -37,7 +37,7 @@ if [ -n "$ab" ]; then scripts/gpu-ab.sh "$ab" || status=1; fi
 if [ -n "${BENCH:-}" ]; then
   echo "== dsmla bench ${BENCH#1}"
   anchors=(); [ -f "$OUT/anchors.json" ] && anchors=(--anchors "$OUT/anchors.json")  # this call's anchors
-  timeout 400 build-gpu/dsmla bench ${BENCH#1} "${anchors[@]}" --json "$OUT/bench.json" --md "$OUT/bench.md" \
+  timeout 400 build-gpu/dsmla bench ${BENCH#1} ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
     >"$OUT/bench.log" 2>&1 \
     || { status=1; echo "BENCH FAILED"; }
   grep -E "^mixed|ERROR" "$OUT/bench.log" | tail -8
