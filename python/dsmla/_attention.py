@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -37,13 +38,19 @@ class Attention:
     backend: "cpu", "cuda" or "auto" (cuda when a GPU is usable).
     policy: "per_request", "per_batch" or "force_sparse" (docs/api.md, Routing).
     dense_cost_factor: multiplies the dense side of the cost model (None: 1.0).
+    cost_factors: instead, the path of a `dsmla bench --calibrate` file (the
+    factor measured for the nearest head count).
     indexer: the lightning indexer (DESIGN §6) chooses each sparse token's
     top-k; run() then takes the index inputs instead of topk_indices.
     """
 
     def __init__(self, num_heads, cache_format="bf16", topk=2048, backend="auto", policy="per_request",
-                 decode_threshold=1, dense_cost_factor=None, *, indexer=False, index_num_heads=64,
-                 index_head_dim=128):
+                 decode_threshold=1, dense_cost_factor=None, *, cost_factors=None, indexer=False,
+                 index_num_heads=64, index_head_dim=128):
+        if cost_factors is not None:
+            if dense_cost_factor is not None:
+                raise _dsmla.Error("dense_cost_factor and cost_factors exclude each other")
+            dense_cost_factor = _dsmla.cost_factor_for(os.fspath(cost_factors), int(num_heads))
         self._native = _dsmla.Attention(int(num_heads), str(cache_format), int(topk), str(backend), str(policy),
                                         int(decode_threshold),
                                         1.0 if dense_cost_factor is None else float(dense_cost_factor),

@@ -75,14 +75,14 @@ class Attention:
     """
 
     def __init__(self, num_heads, cache_format="bf16", topk=2048, policy="per_request", decode_threshold=1,
-                 dense_cost_factor=None, device=None):
+                 dense_cost_factor=None, device=None, *, cost_factors=None):
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._native = _attention.Attention(num_heads, cache_format=cache_format, topk=topk,
                                             backend="cuda" if self.device.type == "cuda" else "cpu",
                                             policy=policy, decode_threshold=decode_threshold,
-                                            dense_cost_factor=dense_cost_factor)
+                                            dense_cost_factor=dense_cost_factor, cost_factors=cost_factors)
         self.num_heads = int(num_heads)
         self.topk = int(topk)
         self.cache_format = str(cache_format)

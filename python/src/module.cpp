@@ -11,6 +11,7 @@
 #include "case_runner.hpp"
 #include "cli.hpp"
 #include "dsmla/attention.hpp"
+#include "dsmla/cost_factors.hpp"
 #include "dsmla/version.h"
 
 namespace nb = nanobind;
@@ -29,6 +30,11 @@ NB_MODULE(_dsmla, m) {
       nb::arg("cache_format"), "Bytes of one cache token: bf16 1152, fp8_ds_mla 656, fp8 576.");
   m.def("default_softmax_scale", &dsmla::default_softmax_scale,
         "DeepSeek-V3.2's softmax scale: 192^-0.5 * mscale^2.");
+  m.def(
+      "cost_factor_for",
+      [](const std::string& path, int num_heads) { return dsmla::load_cost_factors(path).factor_for(num_heads); },
+      nb::arg("path"), nb::arg("num_heads"),
+      "The dense_cost_factor a `dsmla bench --calibrate` file holds for the head count nearest num_heads.");
 
   dsmla::python::bind_attention(m);
   dsmla::python::bind_cases(m);

@@ -101,3 +101,26 @@ def test_bad_options_raise():
     if not dsmla.cuda_available():
         with pytest.raises(ValueError):
             dsmla.Attention(16, backend="cuda")
+
+
+def test_cost_factors_file_routes_like_its_factor(tmp_path):
+    """A `dsmla bench --calibrate` file: the factor of the nearest head count
+    decides the routing; a bad file raises with the loader's message."""
+    path = tmp_path / "factors.json"
+    path.write_text(json.dumps({"format": "dsmla-cost-factors", "version": 1, "device": "test",
+                                "factors": [{"num_heads": 16, "dense_cost_factor": 1.0},
+                                            {"num_heads": 128, "dense_cost_factor": 20.0}]}))
+    assert dsmla.cost_factor_for(str(path), 112) == 20.0
+    assert dsmla.cost_factor_for(str(path), 32) == 1.0
+    batch = trivial_batch([1024], [1024], 64)
+
+    def path_of(att):
+        return att.plan(*batch[:4], batch[4], 64).to_dict()["routes"][0]["path"]
+
+    assert path_of(dsmla.Attention(128, backend="cpu")) == "dense"
+    assert path_of(dsmla.Attention(128, backend="cpu", cost_factors=path)) == "sparse"
+    assert path_of(dsmla.Attention(16, backend="cpu", cost_factors=path)) == "dense"
+    with pytest.raises(ValueError, match="exclude each other"):
+        dsmla.Attention(128, backend="cpu", dense_cost_factor=2.0, cost_factors=path)
+    with pytest.raises(ValueError, match="missing.json': cannot be opened"):
+        dsmla.Attention(128, backend="cpu", cost_factors=tmp_path / "missing.json")
