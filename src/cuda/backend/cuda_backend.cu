@@ -2,8 +2,9 @@
 //
 // on_plan() uploads the plan's index metadata into device memory owned by the
 // backend (the only place it allocates or synchronises). run() then enqueues,
-// on the caller's stream only and without host synchronisation or allocation
-// (so a decode step can be captured in a CUDA graph):
+// on the caller's stream (and, with DSMLA_OVERLAP_PATHS=1, a second stream
+// forked from and joined to it, below) without host synchronisation or
+// allocation (so a decode step can be captured in a CUDA graph):
 //
 //   1. cache write of every new token (padding slots -1 skipped);
 //   1b. with PlanOptions::indexer (DESIGN §6): the index-cache write, then the top-k
@@ -329,11 +330,19 @@ void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace
     PathOverlap& o = *overlap_;
     DSMLA_CUDA_CHECK(cudaEventRecord(o.fork.get(), stream));
     DSMLA_CUDA_CHECK(cudaStreamWaitEvent(o.side.get(), o.fork.get(), 0));
-    bind_cublas(o.side.get(), o.cublas_workspace);
-    run_dense(plan, in, workspace, o.side.get());
+    try {
+      bind_cublas(o.side.get(), o.cublas_workspace);
+      run_dense(plan, in, workspace, o.side.get());
+      bind_cublas(stream, cublas_workspace_);
+      run_sparse(plan, in, workspace, stream);
+    } catch (...) {
+      // Joined on the error path too: later work on the caller's stream must not
+      // run ahead of what the side stream holds, and a capture must end joined.
+      cudaEventRecord(o.join.get(), o.side.get());
+      cudaStreamWaitEvent(stream, o.join.get(), 0);
+      throw;
+    }
     DSMLA_CUDA_CHECK(cudaEventRecord(o.join.get(), o.side.get()));
-    bind_cublas(stream, cublas_workspace_);
-    run_sparse(plan, in, workspace, stream);
     DSMLA_CUDA_CHECK(cudaStreamWaitEvent(stream, o.join.get(), 0));
     return;
   }
