@@ -144,6 +144,16 @@ json report_json(const Report& rep) {
     }
     j["mixed"].push_back(row);
   }
+  if (rep.graph) {
+    const GraphRow& g = *rep.graph;
+    j["decode_graph"] = {{"batch", g.batch}, {"heads", g.heads}, {"cache", "fp8_ds_mla"}, {"seq_len", kDecodeSeqLen}};
+    if (g.ok()) {
+      j["decode_graph"]["eager_ms"] = g.eager_ms;
+      j["decode_graph"]["graph_ms"] = g.graph_ms;
+    } else {
+      j["decode_graph"]["error"] = g.error;
+    }
+  }
   return j;
 }
 
@@ -170,6 +180,16 @@ std::string mixed_markdown(const Report& rep) {
           fmt("%.2fx", m.overlap_ms / sum) + " |\n";
   }
   return md + "\n";
+}
+
+std::string graph_markdown(const Report& rep) {
+  if (!rep.graph) return "";
+  const GraphRow& g = *rep.graph;
+  std::string md = "## One decode step in a CUDA graph (batch " + std::to_string(g.batch) + ", H " +
+                   std::to_string(g.heads) + ", fp8_ds_mla, " + std::to_string(kDecodeSeqLen) + " positions)\n\n";
+  if (!g.ok()) return md + "error: " + g.error + "\n\n";
+  return md + "| eager ms | graph replay ms | graph / eager |\n|---|---|---|\n| " + fmt("%.4f", g.eager_ms) + " | " +
+         fmt("%.4f", g.graph_ms) + " | " + fmt("%.3fx", g.graph_ms / g.eager_ms) + " |\n\n";
 }
 
 const Row* find_row(const std::vector<Row>& rows, What what, const Work& w) {
@@ -265,6 +285,7 @@ std::string markdown(const Report& rep) {
     }
   }
   md += mixed_markdown(rep);
+  md += graph_markdown(rep);
   return md;
 }
 
@@ -297,6 +318,9 @@ void print_table(const Report& rep) {
                 m.sparse_alone_ms, m.forward_ms / (m.dense_alone_ms + m.sparse_alone_ms),
                 m.overlap_ms / (m.dense_alone_ms + m.sparse_alone_ms));
   }
+  if (rep.graph && rep.graph->ok())
+    std::printf("decode graph batch %d H %d: eager %.4f ms, graph replay %.4f ms (%.3fx)\n", rep.graph->batch,
+                rep.graph->heads, rep.graph->eager_ms, rep.graph->graph_ms, rep.graph->graph_ms / rep.graph->eager_ms);
   std::fflush(stdout);
 }
 

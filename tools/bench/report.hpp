@@ -62,6 +62,14 @@ struct MixedRow {
   bool ok() const { return error.empty(); }
 };
 
+// One decode step run eagerly and replayed from a captured CUDA graph.
+struct GraphRow {
+  int batch = 0, heads = 0;
+  double eager_ms = 0, graph_ms = 0;
+  std::string error;
+  bool ok() const { return error.empty(); }
+};
+
 struct Report {
   std::string date, commit, gpu;
   nlohmann::json gpu_json;
@@ -69,6 +77,7 @@ struct Report {
   Ceilings ceilings;
   std::vector<Row> rows;
   std::vector<MixedRow> mixed;
+  std::optional<GraphRow> graph;
   std::string same_run_source;  // --anchors: the file and what it names
 };
 

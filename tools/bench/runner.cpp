@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -392,90 +393,152 @@ class Runner {
   bool dense_ok_ = false;
 };
 
-// The forward of a batch of requests (seq_lens / query_lens) per_request:
-// random inputs, causal random top-k sets, a shuffled block table; the median
-// of `options.repeats` CUDA-event timings. overlap: the backend is built with
+// One batch of requests (seq_lens / query_lens) planned per_request, with
+// random inputs, causal random top-k sets and a shuffled block table on the
+// device, ready to run. overlap: the backend is built with
 // DSMLA_OVERLAP_PATHS=1 (the dense path on a second stream), otherwise without.
-double time_forward(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens,
-                    int heads, CacheFormat cache, bool overlap, const Options& options,
-                    std::vector<bool>* routed_dense = nullptr) {
-  std::mt19937_64 rng(0x313A7ED5ull + seq_lens.size());
-  BatchLayout layout;
-  layout.shuffle_rng = &rng;
-  const BatchStorage host = make_batch(seq_lens, query_lens, kBlockSize, layout);
-  const BatchDesc desc = host.desc();
-  PlanOptions po;
-  po.num_heads = heads;
-  po.cache_format = cache;
-  po.topk = kTopk;
-  // The variable is read when the backend is constructed.
-  if (overlap) {
-    setenv("DSMLA_OVERLAP_PATHS", "1", 1);
-  } else {
-    unsetenv("DSMLA_OVERLAP_PATHS");
-  }
-  Attention attention(BackendKind::cuda, po);
-  unsetenv("DSMLA_OVERLAP_PATHS");
-  const Plan& plan = attention.plan(desc);
-  if (routed_dense != nullptr) {
-    routed_dense->clear();
-    for (const RequestRoute& r : plan.routes) routed_dense->push_back(r.path == TokenPath::dense);
+class ForwardRig {
+ public:
+  ForwardRig(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens, int heads,
+             CacheFormat cache, bool overlap)
+      : host_(make_host(seq_lens, query_lens)), attention_(make_attention(heads, cache, overlap)) {
+    const BatchDesc desc = host_.desc();
+    const Plan& plan = attention_->plan(desc);
+    for (const RequestRoute& r : plan.routes) routed_dense_.push_back(r.path == TokenPath::dense);
+    void* s = stream_.handle();
+    const std::size_t t = static_cast<std::size_t>(desc.num_tokens), h = static_cast<std::size_t>(heads);
+    const std::int64_t num_slots = host_.num_cache_blocks * kBlockSize;
+    q_ = DeviceBuffer<std::uint16_t>(t * h * kQkHeadDim);
+    kv_c_ = DeviceBuffer<std::uint16_t>(t * kLatentDim);
+    k_pe_ = DeviceBuffer<std::uint16_t>(t * kRopeDim);
+    w_kv_b_ = DeviceBuffer<std::uint16_t>(h * kKvBRowsPerHead * kLatentDim);
+    out_ = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
+    lse_ = DeviceBuffer<float>(t * h);
+    cache_ = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_slots) * bytes_per_token(cache));
+    topk_ = DeviceBuffer<std::int32_t>(t * kTopk);
+    block_table_.upload(host_.block_table);
+    seq_lens_.upload(host_.seq_lens);
+    query_start_loc_.upload(host_.query_start_loc);
+    slot_mapping_.upload(host_.slot_mapping);
+    dev::fill_random_bf16(q_.data(), q_.size(), 1.0f, 11, s);
+    dev::fill_random_bf16(kv_c_.data(), kv_c_.size(), 1.0f, 12, s);
+    dev::fill_random_bf16(k_pe_.data(), k_pe_.size(), 1.0f, 13, s);
+    dev::fill_random_bf16(w_kv_b_.data(), w_kv_b_.size(), 1.0f / std::sqrt(static_cast<float>(kLatentDim)), 14, s);
+    dev::fill_random_cache(cache_.data(), num_slots, cache, 15, s);
+    for (std::size_t r = 0; r < seq_lens.size(); ++r) {
+      dev::CausalTopkSpec spec;
+      spec.num_requests = 1;
+      spec.query_len = query_lens[r];
+      spec.seq_len = seq_lens[r];
+      spec.topk = kTopk;
+      spec.seed = 16 + r;
+      dev::fill_causal_topk(spec, topk_.data() + static_cast<std::size_t>(host_.query_start_loc[r]) * kTopk,
+                            nullptr, nullptr, nullptr, s);
+    }
+    workspace_ = DeviceBuffer<std::byte>(attention_->workspace_bytes());
+    dev::synchronize_and_check(s, "batch inputs");
   }
 
-  cuda::Stream stream;
-  void* s = stream.handle();
-  const std::size_t t = static_cast<std::size_t>(desc.num_tokens), h = static_cast<std::size_t>(heads);
-  const std::int64_t num_slots = host.num_cache_blocks * kBlockSize;
-  DeviceBuffer<std::uint16_t> q(t * h * kQkHeadDim), kv_c(t * kLatentDim), k_pe(t * kRopeDim),
-      w_kv_b(h * kKvBRowsPerHead * kLatentDim), out(t * h * kVHeadDim);
-  DeviceBuffer<std::uint8_t> kv_cache(static_cast<std::size_t>(num_slots) * bytes_per_token(cache));
-  DeviceBuffer<std::int32_t> topk(t * kTopk), block_table, seq, qsl;
-  DeviceBuffer<std::int64_t> slots;
-  DeviceBuffer<float> lse(t * h);
-  block_table.upload(host.block_table);
-  seq.upload(host.seq_lens);
-  qsl.upload(host.query_start_loc);
-  slots.upload(host.slot_mapping);
-  dev::fill_random_bf16(q.data(), q.size(), 1.0f, 11, s);
-  dev::fill_random_bf16(kv_c.data(), kv_c.size(), 1.0f, 12, s);
-  dev::fill_random_bf16(k_pe.data(), k_pe.size(), 1.0f, 13, s);
-  dev::fill_random_bf16(w_kv_b.data(), w_kv_b.size(), 1.0f / std::sqrt(static_cast<float>(kLatentDim)), 14, s);
-  dev::fill_random_cache(kv_cache.data(), num_slots, cache, 15, s);
-  for (std::size_t r = 0; r < seq_lens.size(); ++r) {
-    dev::CausalTopkSpec spec;
-    spec.num_requests = 1;
-    spec.query_len = query_lens[r];
-    spec.seq_len = seq_lens[r];
-    spec.topk = kTopk;
-    spec.seed = 16 + r;
-    dev::fill_causal_topk(spec, topk.data() + static_cast<std::size_t>(host.query_start_loc[r]) * kTopk, nullptr,
-                          nullptr, nullptr, s);
+  // Per request: whether the planner routed it dense.
+  const std::vector<bool>& routed_dense() const { return routed_dense_; }
+
+  // Median of options.repeats timings of run(), enqueued one after another.
+  double eager_ms(const Options& options) {
+    void* s = stream_.handle();
+    const std::vector<float> samples =
+        dev::time_with_events(s, options.warmup, options.repeats, [&](int) { run(); });
+    check_output("forward");
+    return median_of(samples);
   }
-  DeviceBuffer<std::byte> workspace(attention.workspace_bytes());
-  ForwardInputs f;
-  f.q = q.data();
-  f.kv_c = kv_c.data();
-  f.k_pe = k_pe.data();
-  f.w_kv_b = w_kv_b.data();
-  f.kv_cache = kv_cache.data();
-  f.block_table = block_table.data();
-  f.seq_lens = seq.data();
-  f.query_start_loc = qsl.data();
-  f.slot_mapping = slots.data();
-  f.topk_indices = topk.data();
-  f.out = out.data();
-  f.lse = lse.data();
-  f.softmax_scale = static_cast<float>(default_softmax_scale());
-  f.k_scale = 1;
-  f.q_scale = 1;
-  dev::synchronize_and_check(s, "mixed batch inputs");
-  const std::vector<float> samples = dev::time_with_events(
-      s, options.warmup, options.repeats, [&](int) { attention.run(f, workspace.data(), s); });
-  dev::synchronize_and_check(s, "mixed batch forward");
-  const dev::OutputCheck check = dev::check_bf16_output(out.data(), nullptr, out.size(), s);
-  if (check.nonfinite != 0) throw Error("mixed batch: " + std::to_string(check.nonfinite) + " non-finite outputs");
-  return median_of(samples);
-}
+
+  // The same, of one run() captured in a CUDA graph and replayed (after one
+  // eager run, as a serving loop warms up before it captures).
+  double graph_ms(const Options& options) {
+    void* s = stream_.handle();
+    run();
+    dev::synchronize_and_check(s, "warm-up before capture");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    DSMLA_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    run();
+    DSMLA_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &graph));
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DSMLA_CUDA_CHECK(inst);
+    std::vector<float> samples;
+    try {
+      samples = dev::time_with_events(s, options.warmup, options.repeats,
+                                      [&](int) { DSMLA_CUDA_CHECK(cudaGraphLaunch(exec, stream_.get())); });
+      check_output("graph replay");
+    } catch (...) {
+      cudaGraphExecDestroy(exec);
+      throw;
+    }
+    cudaGraphExecDestroy(exec);
+    return median_of(samples);
+  }
+
+ private:
+  static BatchStorage make_host(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens) {
+    std::mt19937_64 rng(0x313A7ED5ull + seq_lens.size());
+    BatchLayout layout;
+    layout.shuffle_rng = &rng;
+    return make_batch(seq_lens, query_lens, kBlockSize, layout);
+  }
+  static std::unique_ptr<Attention> make_attention(int heads, CacheFormat cache, bool overlap) {
+    PlanOptions po;
+    po.num_heads = heads;
+    po.cache_format = cache;
+    po.topk = kTopk;
+    // The variable is read when the backend is constructed.
+    if (overlap) {
+      setenv("DSMLA_OVERLAP_PATHS", "1", 1);
+    } else {
+      unsetenv("DSMLA_OVERLAP_PATHS");
+    }
+    auto attention = std::make_unique<Attention>(BackendKind::cuda, po);
+    unsetenv("DSMLA_OVERLAP_PATHS");
+    return attention;
+  }
+
+  void run() {
+    ForwardInputs f;
+    f.q = q_.data();
+    f.kv_c = kv_c_.data();
+    f.k_pe = k_pe_.data();
+    f.w_kv_b = w_kv_b_.data();
+    f.kv_cache = cache_.data();
+    f.block_table = block_table_.data();
+    f.seq_lens = seq_lens_.data();
+    f.query_start_loc = query_start_loc_.data();
+    f.slot_mapping = slot_mapping_.data();
+    f.topk_indices = topk_.data();
+    f.out = out_.data();
+    f.lse = lse_.data();
+    f.softmax_scale = static_cast<float>(default_softmax_scale());
+    f.k_scale = 1;
+    f.q_scale = 1;
+    attention_->run(f, workspace_.data(), stream_.handle());
+  }
+
+  void check_output(const char* what) {
+    void* s = stream_.handle();
+    dev::synchronize_and_check(s, what);
+    const dev::OutputCheck check = dev::check_bf16_output(out_.data(), nullptr, out_.size(), s);
+    if (check.nonfinite != 0) throw Error(std::string(what) + ": " + std::to_string(check.nonfinite) + " non-finite outputs");
+  }
+
+  BatchStorage host_;
+  std::unique_ptr<Attention> attention_;
+  std::vector<bool> routed_dense_;
+  cuda::Stream stream_;
+  DeviceBuffer<std::uint16_t> q_, kv_c_, k_pe_, w_kv_b_, out_;
+  DeviceBuffer<float> lse_;
+  DeviceBuffer<std::uint8_t> cache_;
+  DeviceBuffer<std::int32_t> topk_, block_table_, seq_lens_, query_start_loc_;
+  DeviceBuffer<std::int64_t> slot_mapping_;
+  DeviceBuffer<std::byte> workspace_;
+};
 
 // A mixed batch: the forward with and without the second stream, then its
 // dense-routed and sparse-routed requests alone.
@@ -487,8 +550,12 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
            m.seq_lens.size(), static_cast<long long>(row.tokens));
   try {
     std::vector<bool> routed_dense;
-    row.forward_ms = time_forward(m.seq_lens, m.query_lens, m.heads, m.cache, false, options, &routed_dense);
-    row.overlap_ms = time_forward(m.seq_lens, m.query_lens, m.heads, m.cache, true, options);
+    {
+      ForwardRig rig(m.seq_lens, m.query_lens, m.heads, m.cache, /*overlap=*/false);
+      row.forward_ms = rig.eager_ms(options);
+      routed_dense = rig.routed_dense();
+    }
+    row.overlap_ms = ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, true).eager_ms(options);
     // The requests split as the planner routed them.
     std::vector<std::int32_t> dense_seq, dense_q, sparse_seq, sparse_q;
     for (std::size_t r = 0; r < m.seq_lens.size(); ++r) {
@@ -498,10 +565,30 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
     row.dense_requests = static_cast<int>(dense_seq.size());
     row.sparse_requests = static_cast<int>(sparse_seq.size());
     if (dense_seq.empty() || sparse_seq.empty()) throw Error("the planner did not route both paths");
-    row.dense_alone_ms = time_forward(dense_seq, dense_q, m.heads, m.cache, false, options);
-    row.sparse_alone_ms = time_forward(sparse_seq, sparse_q, m.heads, m.cache, false, options);
+    row.dense_alone_ms = ForwardRig(dense_seq, dense_q, m.heads, m.cache, false).eager_ms(options);
+    row.sparse_alone_ms = ForwardRig(sparse_seq, sparse_q, m.heads, m.cache, false).eager_ms(options);
     progress("  forward %.3f ms, overlap %.3f ms, dense alone %.3f ms, sparse alone %.3f ms", row.forward_ms,
              row.overlap_ms, row.dense_alone_ms, row.sparse_alone_ms);
+  } catch (const std::exception& e) {
+    row.error = e.what();
+    progress("  error: %s", e.what());
+  }
+  return row;
+}
+
+// Issue 8's graph row: one fp8_ds_mla decode step of 64 requests over 8192
+// positions, H 128, run eagerly and replayed from a captured graph.
+GraphRow time_decode_graph(const Options& options) {
+  GraphRow row;
+  row.batch = 64;
+  row.heads = 128;
+  progress("decode step in a CUDA graph: batch %d, H %d, fp8_ds_mla", row.batch, row.heads);
+  try {
+    ForwardRig rig(std::vector<std::int32_t>(row.batch, kDecodeSeqLen), std::vector<std::int32_t>(row.batch, 1),
+                   row.heads, CacheFormat::fp8_ds_mla, false);
+    row.eager_ms = rig.eager_ms(options);
+    row.graph_ms = rig.graph_ms(options);
+    progress("  eager %.4f ms, graph replay %.4f ms", row.eager_ms, row.graph_ms);
   } catch (const std::exception& e) {
     row.error = e.what();
     progress("  error: %s", e.what());
@@ -576,12 +663,14 @@ int run_bench(const Options& options) {
   if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
   for (const Work& w : work_list(options)) runner.run(w, rep.rows);
   for (const MixedBatch& m : mixed_batches(options)) rep.mixed.push_back(time_mixed(m, options));
+  rep.graph = time_decode_graph(options);
 
   print_table(rep);
   if (!options.json_path.empty()) write_file(options.json_path, report_json(rep).dump(2) + "\n");
   if (!options.md_path.empty()) write_file(options.md_path, markdown(rep));
   const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); }) &&
-                      std::all_of(rep.mixed.begin(), rep.mixed.end(), [](const MixedRow& m) { return m.ok(); });
+                      std::all_of(rep.mixed.begin(), rep.mixed.end(), [](const MixedRow& m) { return m.ok(); }) &&
+                      (!rep.graph || rep.graph->ok());
   if (!all_ok) std::fprintf(stderr, "dsmla bench: some rows failed (see the table)\n");
   return all_ok ? 0 : kExitRuntime;
 }
