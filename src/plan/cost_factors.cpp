@@ -3,12 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/read_file.hpp"
 #include "plan/plan_checks.hpp"
 
 namespace dsmla {
@@ -20,21 +18,7 @@ using Json = nlohmann::json;
 constexpr const char* kFormat = "dsmla-cost-factors";
 constexpr int kVersion = 1;
 constexpr int kMaxHeads = 1 << 16;
-constexpr long kMaxFileBytes = 1 << 20;  // a calibration file is a few KB
-
-std::string read_text(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-  if (!f) fail("cost factors '", path, "': cannot be opened");
-  std::string text;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f.get())) > 0;) {
-    text.append(buf, n);
-    if (text.size() > static_cast<std::size_t>(kMaxFileBytes))
-      fail("cost factors '", path, "': larger than ", kMaxFileBytes, " bytes");
-  }
-  if (std::ferror(f.get())) fail("cost factors '", path, "': read error");
-  return text;
-}
+constexpr std::uint64_t kMaxFileBytes = 1 << 20;  // a calibration file is a few KB
 
 }  // namespace
 
@@ -59,7 +43,8 @@ std::string CostFactors::to_json() const {
 }
 
 CostFactors load_cost_factors(const std::string& path) {
-  const Json doc = Json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
+  const Json doc = Json::parse(detail::read_file(path, kMaxFileBytes, "cost factors"), nullptr,
+                               /*allow_exceptions=*/false);
   if (doc.is_discarded()) fail("cost factors '", path, "': not valid JSON");
   if (!doc.is_object()) fail("cost factors '", path, "': expected a JSON object");
   const auto field = [&](const char* name) -> const Json& {

@@ -15,7 +15,6 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -23,6 +22,8 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "common/read_file.hpp"
 
 namespace dsmla::io {
 namespace {
@@ -385,14 +386,11 @@ File read_safetensors(const std::string& path) {
   std::error_code ec;
   const std::uintmax_t size = std::filesystem::file_size(path, ec);
   if (ec) throw Error("cannot read safetensors file '" + path + "': " + ec.message());
-  std::vector<std::uint8_t> bytes(size);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open safetensors file '" + path + "'");
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-  if (!in || static_cast<std::uintmax_t>(in.gcount()) != size) {
-    throw Error("error reading safetensors file '" + path + "' (expected " + std::to_string(size) +
-                " bytes)");
-  }
+  // No larger than file_size said: a file that grows while it is read is an error too.
+  std::vector<std::uint8_t> bytes = detail::read_file(path, size, "safetensors file", size);
+  if (bytes.size() != size)
+    throw Error("error reading safetensors file '" + path + "' (expected " + std::to_string(size) + " bytes, read " +
+                std::to_string(bytes.size()) + ")");
   return parse_safetensors(bytes, path);
 }
 
