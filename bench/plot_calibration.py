@@ -2,25 +2,13 @@
 """Plots a `dsmla bench --calibrate` file: per head count, the measured
 dense / sparse time ratio of every chunk against its sequence length (one
 colour per cached context), with the route the calibrated factor chooses
-(o dense, x sparse). Points below 1 are faster dense; a choice on the wrong
+(o dense, x sparse, as the file records it). Points below 1 are faster dense; a choice on the wrong
 side of 1 is a misrouted chunk.
 
     python3 bench/plot_calibration.py cost_factors.json calibration.png
 """
 import json
 import sys
-
-# The planner's cost model (DESIGN §3, src/plan/cost_model.cpp), FLOPs per head.
-UP, DENSE_PAIR, SPARSE_PAIR, TOPK = 262144.0, 640.0, 2176.0, 2048
-
-
-def dense_flops(ctx, q):
-    return UP * (ctx + q) + DENSE_PAIR * sum(range(ctx + 1, ctx + q + 1))
-
-
-def sparse_flops(ctx, q):
-    return UP * q + SPARSE_PAIR * sum(min(n, TOPK) for n in range(ctx + 1, ctx + q + 1))
-
 
 def main(path, png):
     import matplotlib
@@ -40,8 +28,7 @@ def main(path, png):
             ys = [p["dense_ms"] / p["sparse_ms"] for p in pts]
             ax.plot(xs, ys, color=cmap(i), lw=1, label=f"ctx {ctx}")
             for x, y, p in zip(xs, ys, pts):
-                dense = f * dense_flops(ctx, p["q_len"]) < sparse_flops(ctx, p["q_len"])
-                ax.scatter([x], [y], color=cmap(i), marker="o" if dense else "x", s=28)
+                ax.scatter([x], [y], color=cmap(i), marker="o" if p["routed_dense"] else "x", s=28)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

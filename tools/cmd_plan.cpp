@@ -71,9 +71,10 @@ int plan_main(int argc, char** argv) {
   options.cache_format = parse_cache_format_arg(args.get("--cache-format", "bf16"), "--cache-format");
   options.dense_cost_factor = args.get_positive_double("--dense-cost-factor", options.dense_cost_factor);
   std::optional<CostFactors> factors;
+  const std::string factors_path = args.get("--cost-factors", "");
   if (args.has("--cost-factors")) {
     if (args.has("--dense-cost-factor")) throw UsageError("--cost-factors and --dense-cost-factor exclude each other");
-    factors = load_cost_factors(args.get("--cost-factors", ""));
+    factors = load_cost_factors(factors_path);
     options = factors->applied_to(options);
   }
   const int block_size = static_cast<int>(args.get_int("--block-size", 64, 1, 1 << 20));
@@ -94,7 +95,7 @@ int plan_main(int argc, char** argv) {
   }
   nlohmann::json out = nlohmann::json::parse(plan.to_json());
   const HeadCostFactor& used = factors->entry_for(options.num_heads);
-  out["cost_factors"] = {{"file", args.get("--cost-factors", "")},
+  out["cost_factors"] = {{"file", factors_path},
                          {"device", factors->device},
                          {"num_heads", used.num_heads},
                          {"dense_cost_factor", used.dense_cost_factor}};

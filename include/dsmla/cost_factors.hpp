@@ -62,7 +62,10 @@ struct CalibrationFit {
   double worst_slowdown = 1.0;  // max over the points of chosen time / faster time
 };
 
-// How per_request with `factor` routes the points (DESIGN §3 FLOPs).
+// Whether per_request with `factor` routes the point dense (the planner's
+// test: factor * dense FLOPs < sparse FLOPs, DESIGN §3).
+bool routes_dense(const CalibrationPoint& p, int topk, double factor);
+// How per_request with `factor` routes the points.
 CalibrationFit evaluate_dense_cost_factor(std::span<const CalibrationPoint> points, int topk, double factor);
 // The factor that routes the most points to their faster path, then the one
 // with the smallest worst slowdown (the choice is a threshold on each point's

@@ -81,7 +81,7 @@ CostFactors load_cost_factors(const std::string& path) {
 
 namespace {
 
-// The point's sparse / dense FLOP ratio: dense is chosen iff factor < ratio.
+// The point's sparse / dense FLOP ratio: the factors below it route it dense.
 double flop_ratio(const CalibrationPoint& p, int topk) {
   return sparse_path_flops(p.ctx_len, p.q_len, topk) / dense_path_flops(p.ctx_len, p.q_len);
 }
@@ -107,6 +107,10 @@ bool better(const CalibrationFit& a, const CalibrationFit& b) {
 
 }  // namespace
 
+bool routes_dense(const CalibrationPoint& p, int topk, double factor) {
+  return factor * dense_path_flops(p.ctx_len, p.q_len) < sparse_path_flops(p.ctx_len, p.q_len, topk);
+}
+
 CalibrationFit evaluate_dense_cost_factor(std::span<const CalibrationPoint> points, int topk, double factor) {
   check_points(points, topk);
   if (!(factor > 0) || !std::isfinite(factor)) fail("calibration: factor ", factor, " is not a finite value > 0");
@@ -114,7 +118,7 @@ CalibrationFit evaluate_dense_cost_factor(std::span<const CalibrationPoint> poin
   fit.dense_cost_factor = factor;
   fit.points = static_cast<int>(points.size());
   for (const CalibrationPoint& p : points) {
-    const double chosen = factor < flop_ratio(p, topk) ? p.dense_ms : p.sparse_ms;
+    const double chosen = routes_dense(p, topk, factor) ? p.dense_ms : p.sparse_ms;
     const double fastest = std::min(p.dense_ms, p.sparse_ms);
     if (chosen == fastest) ++fit.faster_chosen;
     fit.worst_slowdown = std::max(fit.worst_slowdown, chosen / fastest);

@@ -343,7 +343,8 @@ std::string calibration_file(const Report& rep, const std::vector<Calibration>& 
     for (std::size_t i = 0; i < c.points.size(); ++i) {
       const CalibrationPoint& p = c.points[i];
       points.push_back({{"ctx_len", p.ctx_len}, {"q_len", p.q_len}, {"requests", c.requests[i]},
-                        {"dense_ms", p.dense_ms}, {"sparse_ms", p.sparse_ms}});
+                        {"dense_ms", p.dense_ms}, {"sparse_ms", p.sparse_ms},
+                        {"routed_dense", routes_dense(p, kTopk, c.fit.dense_cost_factor)}});
     }
     grids.push_back({{"num_heads", c.heads}, {"dense_cost_factor", c.fit.dense_cost_factor},
                      {"points", c.fit.points}, {"faster_chosen", c.fit.faster_chosen},
@@ -367,8 +368,7 @@ std::string calibration_markdown(const Report& rep, const std::vector<Calibratio
     md += "| ctx | new | requests | dense ms | sparse ms | faster | chosen | slowdown |\n|---|---|---|---|---|---|---|---|\n";
     for (std::size_t i = 0; i < c.points.size(); ++i) {
       const CalibrationPoint& p = c.points[i];
-      const bool dense_chosen =
-          f.dense_cost_factor * dense_path_flops(p.ctx_len, p.q_len) < sparse_path_flops(p.ctx_len, p.q_len, kTopk);
+      const bool dense_chosen = routes_dense(p, kTopk, f.dense_cost_factor);
       const double chosen = dense_chosen ? p.dense_ms : p.sparse_ms;
       md += "| " + std::to_string(p.ctx_len) + " | " + std::to_string(p.q_len) + " | " + std::to_string(c.requests[i]) +
             " | " + fmt("%.3f", p.dense_ms) + " | " + fmt("%.3f", p.sparse_ms) + " | " +

@@ -58,6 +58,42 @@ struct InputCopy {
   DeviceBuffer<float> lse;
 };
 
+// A batch's metadata on the device.
+struct DeviceMetadata {
+  DeviceBuffer<std::int32_t> block_table, seq_lens, query_start_loc;
+  DeviceBuffer<std::int64_t> slot_mapping;
+
+  void upload(const BatchStorage& b) {
+    block_table.upload(b.block_table);
+    seq_lens.upload(b.seq_lens);
+    query_start_loc.upload(b.query_start_loc);
+    slot_mapping.upload(b.slot_mapping);
+  }
+};
+
+// What Attention::run() reads: one input copy and the batch's metadata, with
+// DeepSeek's softmax scale and unit fp8 scales; with_topk false leaves the
+// top-k null (the dense route takes none).
+ForwardInputs forward_inputs(InputCopy& in, const DeviceMetadata& m, bool with_topk) {
+  ForwardInputs f;
+  f.q = in.q.data();
+  f.kv_c = in.kv_c.data();
+  f.k_pe = in.k_pe.data();
+  f.w_kv_b = in.w_kv_b.data();
+  f.kv_cache = in.cache.data();
+  f.block_table = m.block_table.data();
+  f.seq_lens = m.seq_lens.data();
+  f.query_start_loc = m.query_start_loc.data();
+  f.slot_mapping = m.slot_mapping.data();
+  f.topk_indices = with_topk ? in.topk.data() : nullptr;
+  f.out = in.out.data();
+  f.lse = in.lse.data();
+  f.softmax_scale = static_cast<float>(default_softmax_scale());
+  f.k_scale = 1;
+  f.q_scale = 1;
+  return f;
+}
+
 class Runner {
  public:
   Runner(const Options& options, const dev::DeviceInfo& info, const SameRunAnchors* anchors)
@@ -157,10 +193,7 @@ class Runner {
     const std::size_t kv = static_cast<std::size_t>(w.kv_rows());
     const std::size_t topk = static_cast<std::size_t>(w.topk);
 
-    block_table_.upload(batch_.block_table);
-    seq_lens_.upload(batch_.seq_lens);
-    query_start_loc_.upload(batch_.query_start_loc);
-    slot_mapping_.upload(batch_.slot_mapping);
+    meta_.upload(batch_);
 
     // Slots of the sparse kernel alone: the same for every copy (same block table).
     dev::CausalTopkSpec spec;
@@ -174,7 +207,7 @@ class Runner {
     slots_ = DeviceBuffer<std::int32_t>(t * topk);
     valid_counts_ = DeviceBuffer<std::int32_t>(t);
     lse_rows_ = DeviceBuffer<std::int32_t>(t);
-    dev::fill_causal_topk(spec, nullptr, block_table_.data(), slots_.data(), valid_counts_.data(), s);
+    dev::fill_causal_topk(spec, nullptr, meta_.block_table.data(), slots_.data(), valid_counts_.data(), s);
     dev::fill_iota(lse_rows_.data(), static_cast<int>(t), s);
     if (!w.decode) dense_out_ = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
 
@@ -212,34 +245,11 @@ class Runner {
 
   void release() {
     copies_.clear();
-    block_table_ = {};
-    seq_lens_ = {};
-    query_start_loc_ = {};
-    slot_mapping_ = {};
+    meta_ = {};
     slots_ = {};
     valid_counts_ = {};
     lse_rows_ = {};
     dense_out_ = {};
-  }
-
-  ForwardInputs forward_inputs(InputCopy& in, bool with_topk) const {
-    ForwardInputs f;
-    f.q = in.q.data();
-    f.kv_c = in.kv_c.data();
-    f.k_pe = in.k_pe.data();
-    f.w_kv_b = in.w_kv_b.data();
-    f.kv_cache = in.cache.data();
-    f.block_table = block_table_.data();
-    f.seq_lens = seq_lens_.data();
-    f.query_start_loc = query_start_loc_.data();
-    f.slot_mapping = slot_mapping_.data();
-    f.topk_indices = with_topk ? in.topk.data() : nullptr;
-    f.out = in.out.data();
-    f.lse = in.lse.data();
-    f.softmax_scale = static_cast<float>(default_softmax_scale());
-    f.k_scale = 1;
-    f.q_scale = 1;
-    return f;
   }
 
   static void record_check(Row& r, const dev::OutputCheck& check) {
@@ -297,11 +307,11 @@ class Runner {
     void* s = stream_.handle();
     const int n = r.input_copies;
     r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats, [&](int i) {
-      attention.run(forward_inputs(copies_[i % n], !dense), workspace.data(), s);
+      attention.run(forward_inputs(copies_[i % n], meta_, !dense), workspace.data(), s);
     });
     // One more run on copy 0 for the output check (and the dense reference).
     InputCopy& in0 = copies_[0];
-    attention.run(forward_inputs(in0, !dense), workspace.data(), s);
+    attention.run(forward_inputs(in0, meta_, !dense), workspace.data(), s);
     dev::synchronize_and_check(s, r.name());
     const std::size_t count = static_cast<std::size_t>(t) * w.heads * kVHeadDim;
     const std::uint16_t* reference = nullptr;
@@ -386,8 +396,7 @@ class Runner {
   Work work_;
   BatchStorage batch_;
   std::vector<InputCopy> copies_;
-  DeviceBuffer<std::int32_t> block_table_, seq_lens_, query_start_loc_;
-  DeviceBuffer<std::int64_t> slot_mapping_;
+  DeviceMetadata meta_;
   DeviceBuffer<std::int32_t> slots_, valid_counts_, lse_rows_;
   DeviceBuffer<std::uint16_t> dense_out_;  // dense route output of copy 0, compared with the sparse route's
   bool dense_ok_ = false;
@@ -408,23 +417,21 @@ class ForwardRig {
     void* s = stream_.handle();
     const std::size_t t = static_cast<std::size_t>(desc.num_tokens), h = static_cast<std::size_t>(heads);
     const std::int64_t num_slots = host_.num_cache_blocks * kBlockSize;
-    q_ = DeviceBuffer<std::uint16_t>(t * h * kQkHeadDim);
-    kv_c_ = DeviceBuffer<std::uint16_t>(t * kLatentDim);
-    k_pe_ = DeviceBuffer<std::uint16_t>(t * kRopeDim);
-    w_kv_b_ = DeviceBuffer<std::uint16_t>(h * kKvBRowsPerHead * kLatentDim);
-    out_ = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
-    lse_ = DeviceBuffer<float>(t * h);
-    cache_ = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_slots) * bytes_per_token(cache));
-    topk_ = DeviceBuffer<std::int32_t>(t * kTopk);
-    block_table_.upload(host_.block_table);
-    seq_lens_.upload(host_.seq_lens);
-    query_start_loc_.upload(host_.query_start_loc);
-    slot_mapping_.upload(host_.slot_mapping);
-    dev::fill_random_bf16(q_.data(), q_.size(), 1.0f, 11, s);
-    dev::fill_random_bf16(kv_c_.data(), kv_c_.size(), 1.0f, 12, s);
-    dev::fill_random_bf16(k_pe_.data(), k_pe_.size(), 1.0f, 13, s);
-    dev::fill_random_bf16(w_kv_b_.data(), w_kv_b_.size(), 1.0f / std::sqrt(static_cast<float>(kLatentDim)), 14, s);
-    dev::fill_random_cache(cache_.data(), num_slots, cache, 15, s);
+    in_.q = DeviceBuffer<std::uint16_t>(t * h * kQkHeadDim);
+    in_.kv_c = DeviceBuffer<std::uint16_t>(t * kLatentDim);
+    in_.k_pe = DeviceBuffer<std::uint16_t>(t * kRopeDim);
+    in_.w_kv_b = DeviceBuffer<std::uint16_t>(h * kKvBRowsPerHead * kLatentDim);
+    in_.out = DeviceBuffer<std::uint16_t>(t * h * kVHeadDim);
+    in_.lse = DeviceBuffer<float>(t * h);
+    in_.cache = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_slots) * bytes_per_token(cache));
+    in_.topk = DeviceBuffer<std::int32_t>(t * kTopk);
+    meta_.upload(host_);
+    dev::fill_random_bf16(in_.q.data(), in_.q.size(), 1.0f, 11, s);
+    dev::fill_random_bf16(in_.kv_c.data(), in_.kv_c.size(), 1.0f, 12, s);
+    dev::fill_random_bf16(in_.k_pe.data(), in_.k_pe.size(), 1.0f, 13, s);
+    dev::fill_random_bf16(in_.w_kv_b.data(), in_.w_kv_b.size(), 1.0f / std::sqrt(static_cast<float>(kLatentDim)), 14,
+                          s);
+    dev::fill_random_cache(in_.cache.data(), num_slots, cache, 15, s);
     for (std::size_t r = 0; r < seq_lens.size(); ++r) {
       dev::CausalTopkSpec spec;
       spec.num_requests = 1;
@@ -432,7 +439,7 @@ class ForwardRig {
       spec.seq_len = seq_lens[r];
       spec.topk = kTopk;
       spec.seed = 16 + r;
-      dev::fill_causal_topk(spec, topk_.data() + static_cast<std::size_t>(host_.query_start_loc[r]) * kTopk,
+      dev::fill_causal_topk(spec, in_.topk.data() + static_cast<std::size_t>(host_.query_start_loc[r]) * kTopk,
                             nullptr, nullptr, nullptr, s);
     }
     workspace_ = DeviceBuffer<std::byte>(attention_->workspace_bytes());
@@ -501,30 +508,12 @@ class ForwardRig {
     return attention;
   }
 
-  void run() {
-    ForwardInputs f;
-    f.q = q_.data();
-    f.kv_c = kv_c_.data();
-    f.k_pe = k_pe_.data();
-    f.w_kv_b = w_kv_b_.data();
-    f.kv_cache = cache_.data();
-    f.block_table = block_table_.data();
-    f.seq_lens = seq_lens_.data();
-    f.query_start_loc = query_start_loc_.data();
-    f.slot_mapping = slot_mapping_.data();
-    f.topk_indices = topk_.data();
-    f.out = out_.data();
-    f.lse = lse_.data();
-    f.softmax_scale = static_cast<float>(default_softmax_scale());
-    f.k_scale = 1;
-    f.q_scale = 1;
-    attention_->run(f, workspace_.data(), stream_.handle());
-  }
+  void run() { attention_->run(forward_inputs(in_, meta_, true), workspace_.data(), stream_.handle()); }
 
   void check_output(const char* what) {
     void* s = stream_.handle();
     dev::synchronize_and_check(s, what);
-    const dev::OutputCheck check = dev::check_bf16_output(out_.data(), nullptr, out_.size(), s);
+    const dev::OutputCheck check = dev::check_bf16_output(in_.out.data(), nullptr, in_.out.size(), s);
     if (check.nonfinite != 0) throw Error(std::string(what) + ": " + std::to_string(check.nonfinite) + " non-finite outputs");
   }
 
@@ -532,11 +521,8 @@ class ForwardRig {
   std::unique_ptr<Attention> attention_;
   std::vector<bool> routed_dense_;
   cuda::Stream stream_;
-  DeviceBuffer<std::uint16_t> q_, kv_c_, k_pe_, w_kv_b_, out_;
-  DeviceBuffer<float> lse_;
-  DeviceBuffer<std::uint8_t> cache_;
-  DeviceBuffer<std::int32_t> topk_, block_table_, seq_lens_, query_start_loc_;
-  DeviceBuffer<std::int64_t> slot_mapping_;
+  InputCopy in_;  // the route's inputs only (no kernel-alone buffers)
+  DeviceMetadata meta_;
   DeviceBuffer<std::byte> workspace_;
 };
 

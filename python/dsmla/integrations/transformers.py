@@ -161,7 +161,7 @@ class DsmlaState:
             r = int(seq.argmax())
             raise ValueError(f"dsmla: row {r}: {int(ctx[r])} + {int(new[r])} tokens exceed max_seq_len {self.max_seq_len}")
         st = _Step()
-        st.new, st.length, st.ctx_max = new, length, int(ctx.max())
+        st.new, st.ctx_max = new, int(ctx.max())
         B, bs, dev = batch, self.block_size, self.device
         padded = bool((new != length).any() or (ctx != ctx[0]).any())
         # Row r's new tokens sit at positions ctx[r] .. ctx[r] + new[r] - 1.

@@ -254,16 +254,14 @@ def rel_l2(a, b):
 def check(name, got, references, cache_format):
     """got, references[kind]: per step logits; kind "exact" (held to TOL) and
     optionally "unquantised" (fp8: held to TOL_UNQUANTISED)."""
-    report = {}
-    for kind, want in references.items():
-        errors = [rel_l2(g, w) for g, w in zip(got, want)]
-        report[kind] = {"prefill": errors[0], "decode_max": max(errors[1:])}
-        print(f"\n{name} vs {kind}: rel-L2 prefill {errors[0]:.2e}, decode max {max(errors[1:]):.2e}")
-    TIMINGS.setdefault("rel_l2", {})[name] = report
-    for kind, want in references.items():
+    errors = {kind: [rel_l2(g, w) for g, w in zip(got, want)] for kind, want in references.items()}
+    for kind, e in errors.items():
+        print(f"\n{name} vs {kind}: rel-L2 prefill {e[0]:.2e}, decode max {max(e[1:]):.2e}")
+    TIMINGS.setdefault("rel_l2", {})[name] = {kind: {"prefill": e[0], "decode_max": max(e[1:])}
+                                               for kind, e in errors.items()}
+    for kind, e in errors.items():
         tol = TOL[cache_format] if kind == "exact" else TOL_UNQUANTISED
-        errors = [rel_l2(g, w) for g, w in zip(got, want)]
-        bad = [(i, e) for i, e in enumerate(errors) if not e <= tol]
+        bad = [(i, x) for i, x in enumerate(e) if not x <= tol]
         assert not bad, f"{name} vs {kind}: steps over rel-L2 {tol} (0 = prefill): {bad[:5]}"
 
 
