@@ -1,9 +1,14 @@
 // Producer/consumer synchronisation for warp-specialised kernels (sm_90):
 // transaction-free mbarriers fed by cp.async, named barriers between
-// warpgroups, register reallocation. Thin names over CUTLASS's primitives
-// (cutlass/arch/barrier.h, reg_reconfig.h) and CuTe's cp.async atom.
+// warpgroups, register reallocation, and the cluster pieces of two CTAs that
+// fill each other's shared memory (remote arrivals, st.async). Thin names over
+// CUTLASS's primitives (cutlass/arch/barrier.h, reg_reconfig.h), CuTe's
+// cp.async atom and cluster helpers, cooperative groups and libcu++'s cuda::ptx.
 #pragma once
+#include <cooperative_groups.h>
+#include <cute/arch/cluster_sm90.hpp>
 #include <cute/arch/copy_sm80.hpp>
+#include <cuda/ptx>
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/memory.h>
@@ -119,6 +124,41 @@ __device__ __forceinline__ void fence_smem_for_mma() {
   compiler_fence();
   cutlass::arch::fence_view_async_shared();
   compiler_fence();
+}
+
+// ---- clusters of CTAs (sm_90)
+// All threads of every CTA of the cluster (barrier.cluster.arrive + wait).
+__device__ __forceinline__ void cluster_sync() {
+  compiler_fence();
+  cute::cluster_sync();
+  compiler_fence();
+}
+// The address of `p` (in this CTA's shared memory) in the shared memory of
+// CTA `rank` of the cluster, as a generic pointer.
+template <class T>
+__device__ __forceinline__ T* peer_pointer(T* p, int rank) {
+  return cooperative_groups::this_cluster().map_shared_rank(p, static_cast<unsigned>(rank));
+}
+// One arrival on barrier `bar` of CTA `rank` of the cluster (`bar` is the
+// local address of the same barrier), made only where `pred`.
+__device__ __forceinline__ void arrive_remote(Mbarrier* bar, int rank, bool pred) {
+  compiler_fence();
+  cutlass::arch::ClusterBarrier::arrive(bar, static_cast<std::uint32_t>(rank), pred ? 1u : 0u);
+  compiler_fence();
+}
+// One arrival on `bar` that also expects `bytes` of transactions in this phase
+// (the st.async stores of the peer CTA, store_remote_16).
+__device__ __forceinline__ void arrive_expect_tx(Mbarrier* bar, int bytes) {
+  compiler_fence();
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar, static_cast<std::uint32_t>(bytes));
+  compiler_fence();
+}
+// 16 bytes into another CTA's shared memory (`dst`, from peer_pointer); its
+// arrival completes 16 bytes of transactions on that CTA's barrier `bar`
+// (also a peer_pointer). The receiver waits on the barrier, no fence needed.
+__device__ __forceinline__ void store_remote_16(void* dst, const uint4& v, Mbarrier* bar) {
+  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  ::cuda::ptx::st_async(static_cast<std::uint32_t*>(dst), words, bar);
 }
 
 template <int kRegs>

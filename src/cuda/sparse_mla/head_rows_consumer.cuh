@@ -8,7 +8,7 @@
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
-template <int kWg>
+template <int kWg, bool kPaired>
 struct Consumer {
   static constexpr int kOther = 1 - kWg;
   static constexpr int kFirst = kWg == 0 ? kLo : kHi;  // half of its buffer S reads first
@@ -19,6 +19,7 @@ struct Consumer {
   std::uint8_t* smem;
   std::uint32_t s_base;  // shared-window address of smem
   int tid, warp, g, tq;
+  int peer_rank;  // paired: the other CTA of the cluster
 
   float o[128];       // O[rows][256 kWg + col], wgmma accumulator order
   float s[32];        // S, then P, of this round's own block
@@ -30,8 +31,21 @@ struct Consumer {
     warp = tid >> 5;
     g = (tid & 31) >> 2;
     tq = tid & 3;
+    peer_rank = kPaired ? 1 - pair_rank() : 0;
   }
   __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }
+
+  // This thread is done reading one half of a key buffer. Paired, the peer's
+  // producer also writes into it, so each warp also arrives once on the
+  // peer's copy of the barrier (its empty counts include those arrivals):
+  // lane 0, once its wgmma wait has returned (the products are
+  // warpgroup-wide, so the warp's reads are complete then too). A predicated
+  // arrival, not a branch: a branch here would be a divergent path for the
+  // products still in flight, which ptxas then serialises (C7520).
+  __device__ __forceinline__ void release(int buffer, int half) {
+    pl::arrive(bars.empty(buffer, half));
+    if constexpr (kPaired) pl::arrive_remote(bars.empty(buffer, half), peer_rank, (tid & 31) == 0);
+  }
 
   // Whether buffer 1 holds a block in round r of the item: with an odd block
   // count the last round has none (the producer zero-fills it, its flags are
@@ -155,11 +169,11 @@ struct Consumer {
   // All items of this CTA; `round` and `q_uses` count on across items for the barrier phases.
   __device__ __forceinline__ void run(const KernelArgs& args) {
     int round = 0, q_uses = 0, items_done = 0;
-    const int items = num_items(args);
-    int count = WorkItem::load_count(args, blockIdx.x, items);
-    for (int i = blockIdx.x; i < items; i += gridDim.x, ++items_done) {
-      item = WorkItem(args, i, count);
-      count = WorkItem::load_count(args, i + gridDim.x, items);  // lands while this item runs
+    const Schedule<kPaired> sched(args);
+    int count = sched.load_count(args, sched.start);
+    for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
+      item = sched.work(args, pos, count);
+      count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
       process(round, q_uses);
       epilogue(items_done & 1);
     }
@@ -194,8 +208,8 @@ struct Consumer {
       const bool own_live = kWg == 0 || second_block(r);
       // S of round r is done: its last read of one half of the own buffer, and
       // after the item's last round, of the query.
-      if constexpr (kWg == 0) pl::arrive(bars.empty(0, kHi));
-      else pl::arrive(bars.empty(1, kLo));
+      if constexpr (kWg == 0) release(0, kHi);
+      else release(1, kLo);
       if (!more) pl::arrive(bars.q_empty());
 
       // ---- one running max for both warpgroups
@@ -242,7 +256,7 @@ struct Consumer {
         pl::named_arrive(kConsumerThreads, kP0Ready);
         mma::wait<0>();
         mma::fence_operands(o);
-        pl::arrive(bars.empty(0, kLo));
+        release(0, kLo);
         rescale_o(factor[0], factor[1]);
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
@@ -263,7 +277,7 @@ struct Consumer {
         issue_pv_smem(kSmemP0, 0);
         mma::commit();
         mma::wait<1>();
-        pl::arrive(bars.empty(1, kHi));  // P_1 V_1 done: its last read of buffer 1 hi
+        release(1, kHi);  // P_1 V_1 done: its last read of buffer 1 hi
       }
 
       // ---- the next S overlaps P_other V_other; the first half it reads is
@@ -274,14 +288,14 @@ struct Consumer {
         issue_s_half(round + 1, kFirst, next_live);
         mma::commit();
         mma::wait<1>();
-        pl::arrive(bars.empty(kOther, other_half));
+        release(kOther, other_half);
         issue_s_half(round + 1, kSecond, next_live);
         mma::commit();
         mma::wait<0>();
         mma::fence_operands(s);
       } else {
         mma::wait<0>();
-        pl::arrive(bars.empty(kOther, other_half));
+        release(kOther, other_half);
       }
       mma::fence_operands(o);
     }

@@ -3,13 +3,15 @@
 // bf16 tile the consumers read; a gather has two steps around the wait for
 // the half to be free:
 //   load(w, slots, half)   before the wait: global loads that need no smem;
-//   store(..., next)       after it: the writes into the tile, then one
+//   store(w, slots, half, buffer, smem, full, next)
+//                          after it: the writes into the tile, then one
 //                          arrival per thread on the half's full barrier.
 //                          next(i) runs once row i's registers are free, to
 //                          issue the next half's loads of row i (load_row).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/fp8.cuh"
 #include "cuda/sparse_mla/head_rows_work.cuh"
@@ -20,25 +22,36 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // First 64-dim block of a half.
 __device__ __forceinline__ int first_block(int half) { return half == kLo ? 0 : kLoBlocks; }
 
-template <CacheFormat F>
+// Where a paired producer (head_rows_layout.cuh) also writes: the other CTA's
+// shared memory (generic pointers from pipeline::peer_pointer) and its rank.
+struct Peer {
+  int rank;            // this CTA's rank; the peer is 1 - rank
+  std::uint8_t* smem;  // the peer's aligned shared-memory base
+  pl::Mbarrier* bars;  // the peer's barrier array (Barriers::base)
+};
+
+template <CacheFormat F, bool kPaired>
 struct KeyGather;
 
 // bf16: cp.async copies straight into the swizzled tile, nothing in registers.
 // Eight threads per key row, each copies one 16-byte chunk of every dim block.
+// Never paired: cp.async has no remote form, and a bf16 round costs no
+// conversion to share.
 template <>
-struct KeyGather<CacheFormat::bf16> {
+struct KeyGather<CacheFormat::bf16, false> {
   static constexpr int kThreadsPerRow = 8;
   static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 4
   static constexpr int full_arrivals(int) { return 128; }
   unsigned t;  // producer thread, 0..127 (unsigned: / and % by powers of two stay shifts and masks)
 
-  __device__ explicit KeyGather(int thread) : t(static_cast<unsigned>(thread)) {}
+  __device__ KeyGather(int thread, const Peer&) : t(static_cast<unsigned>(thread)) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
   __device__ __forceinline__ void load(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int) {}
   __device__ __forceinline__ void load_row(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int, int) {}
   template <class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
-                                        std::uint8_t* buf, pl::Mbarrier* full, Next&&) {
+                                        int buffer, std::uint8_t* smem, pl::Mbarrier* full, Next&&) {
+    std::uint8_t* buf = smem + kSmemK + buffer * kTileBytes;
     const int group = static_cast<int>(t / kThreadsPerRow);
     const int c8 = static_cast<int>(t % kThreadsPerRow);
     const int d0 = half == kLo ? 0 : kLoBlocks;
@@ -66,54 +79,78 @@ struct KeyGather<CacheFormat::bf16> {
 // the rest.
 // The loads of a half are issued before waiting for it to be free, so their
 // latency overlaps the consumers' use of it.
-template <CacheFormat F>
+// Paired (kPaired): a thread converts only row(rank) of its two rows and
+// writes it into both CTAs' tiles (the peer's through st.async, which
+// completes bytes on the peer's full barrier; the local thread 0 expects the
+// peer's bytes on its own). Flags and the fp8_ds_mla rope stay per CTA.
+template <CacheFormat F, bool kPaired>
 struct KeyGather {
   static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
   static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
   static constexpr int kThreadsPerRow = 4;
   static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 2
+  static constexpr int kConvertedRows = kPaired ? 1 : kRowsPerThread;      // rows this thread dequantises
   // Arrivals that complete a half: one per thread, two in fp8_ds_mla's hi half.
   static constexpr int full_arrivals(int half) { return kDsMla && half == kHi ? 256 : 128; }
   static constexpr int kBytesPerToken = cache_token_bytes(F);
   static constexpr int kLoads = kLoBlocks + (kDsMla ? 0 : 1);  // 16-byte loads per row and half
+  // Bytes the peer writes into one half of this CTA's buffer (its 32 rows).
+  static constexpr int peer_bytes(int half) {
+    return (kBlockKeys / 2) * (kLoBlocks + (!kDsMla && half == kHi ? 1 : 0)) * 128;
+  }
 
+  struct NoPeer {
+    __device__ NoPeer(const Peer&) {}
+  };
   unsigned t;  // producer thread, 0..127
-  uint4 raw[kRowsPerThread][kLoads];
-  float2 scale[kRowsPerThread];  // fp8_ds_mla: the two 128-dim tile scales of the half; fp8: k_scale
+  std::conditional_t<kPaired, Peer, NoPeer> peer;  // unpaired: nothing held
+  uint4 raw[kConvertedRows][kLoads];
+  float2 scale[kConvertedRows];  // fp8_ds_mla: the two 128-dim tile scales of the half; fp8: k_scale
 
-  __device__ explicit KeyGather(int thread) : t(static_cast<unsigned>(thread)) {}
+  __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
+  // Converted row j: its row in the tile and its slot among the thread's two.
+  __device__ __forceinline__ int converted_row(int j) const {
+    if constexpr (kPaired) return row(peer.rank);
+    else return row(j);
+  }
+  __device__ __forceinline__ std::int32_t converted_slot(const std::int32_t (&slots)[kRowsPerThread], int j) const {
+    if constexpr (kPaired) return peer.rank == 0 ? slots[0] : slots[1];
+    else return slots[j];
+  }
 
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) load_row(w, slots, half, i);
+    for (int j = 0; j < kConvertedRows; ++j) load_row(w, slots, half, j);
   }
 
   __device__ __forceinline__ void load_row(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
-                                           int i) {
+                                           int j) {
     const int q = static_cast<int>(t % kThreadsPerRow);
-    const std::int32_t s = w.checked(slots[i]);
+    const std::int32_t s = w.checked(converted_slot(slots, j));
     const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int d = 0; d < kLoBlocks; ++d) {
       const int block = first_block(half) + d;
-      raw[i][d] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+      raw[j][d] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
     }
     if (!kDsMla && half == kHi)
-      raw[i][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+      raw[j][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
     if constexpr (kDsMla) {
       const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
-      scale[i] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
+      scale[j] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
     } else {
-      scale[i] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
+      scale[j] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
     }
   }
 
   template <class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
-                                        std::uint8_t* buf, pl::Mbarrier* full, Next&& next) {
+                                        int buffer, std::uint8_t* smem, pl::Mbarrier* full, Next&& next) {
     const int q = static_cast<int>(t % kThreadsPerRow);
+    const int tile = kSmemK + buffer * kTileBytes;
+    std::uint8_t* buf = smem + tile;
     const std::uint32_t base = pl::smem_addr(buf);
     constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
     if (kDsMla && half == kHi) {
@@ -127,27 +164,35 @@ struct KeyGather {
       }
       pl::arrive_on_copies(full);
     }
+    auto put = [&](int r, int chunk, const uint4& v) {
+      pl::store_shared_16(base + tile_offset(r, chunk), v);
+      if constexpr (kPaired) {  // the peer's copy of `full` sits at the same index of its barrier array
+        pl::Mbarrier* peer_full = peer.bars + (full - reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars));
+        pl::store_remote_16(peer.smem + tile + tile_offset(r, chunk), v, peer_full);
+      }
+    };
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int r = row(i);
+    for (int j = 0; j < kConvertedRows; ++j) {
+      const int r = converted_row(j);
 #pragma unroll
       for (int d = 0; d < kLoBlocks; ++d) {
         const int block = first_block(half) + d;
         uint4 lo, hi;
-        e4m3x16_to_bf16(raw[i][d], d < 2 ? scale[i].x : scale[i].y, lo, hi);
-        pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q), lo);
-        pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q + 1), hi);
+        e4m3x16_to_bf16(raw[j][d], d < 2 ? scale[j].x : scale[j].y, lo, hi);
+        put(r, 8 * block + 2 * q, lo);
+        put(r, 8 * block + 2 * q + 1, hi);
       }
       if (!kDsMla && half == kHi) {
         uint4 lo, hi;
-        e4m3x16_to_bf16(raw[i][kLoBlocks], scale[i].x, lo, hi);
-        pl::store_shared_16(base + tile_offset(r, rope + 2 * q), lo);
-        pl::store_shared_16(base + tile_offset(r, rope + 2 * q + 1), hi);
+        e4m3x16_to_bf16(raw[j][kLoBlocks], scale[j].x, lo, hi);
+        put(r, rope + 2 * q, lo);
+        put(r, rope + 2 * q + 1, hi);
       }
-      next(i);
+      next(j);
     }
     pl::fence_smem_for_mma();  // generic-proxy writes, read by wgmma
-    pl::arrive(full);
+    if (kPaired && t == 0) pl::arrive_expect_tx(full, peer_bytes(half));
+    else pl::arrive(full);
   }
 };
 

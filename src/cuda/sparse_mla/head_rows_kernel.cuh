@@ -10,41 +10,56 @@
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
-template <CacheFormat F>
+// kPaired: launched in clusters of two CTAs that share the dequantisation of
+// every key block (fp8 caches, an even number of head blocks; head_rows_layout.cuh).
+template <CacheFormat F, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
+  static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // The runtime aligns dynamic smem to 16 B only; round up to the swizzle atom.
-  const std::uint32_t raw = pl::smem_addr(smem_raw);
-  std::uint8_t* smem = smem_raw + ((kSmemAlign - (raw & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
     pl::init(bars.q_full(), 128);
     pl::init(bars.q_empty(), kConsumerThreads);
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
-        pl::init(bars.full(b, h), KeyGather<F>::full_arrivals(h));
-        pl::init(bars.empty(b, h), empty_arrivals(b, h));
+        pl::init(bars.full(b, h), KeyGather<F, kPaired>::full_arrivals(h));
+        // Paired: one more arrival per warp of the peer's readers.
+        pl::init(bars.empty(b, h), empty_arrivals(b, h) + (kPaired ? empty_arrivals(b, h) / 32 : 0));
       }
-    for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F>::kThreadsPerRow);  // a thread per row
+    for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
     for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);
     pl::fence_init();
   }
-  __syncthreads();
+  // Paired, the peer arrives on these barriers and writes this tile: both
+  // CTAs' barriers are initialised before either starts.
+  if constexpr (kPaired) pl::cluster_sync();
+  else __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
     pl::shrink_registers<kProducerRegs<kFp8>>();
-    produce<F>(args, bars, smem);
+    Peer peer{0, nullptr, nullptr};
+    if constexpr (kPaired) {
+      peer.rank = pair_rank();
+      peer.smem = pl::peer_pointer(smem, 1 - peer.rank);
+      peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
+    }
+    produce<F, kPaired>(args, bars, smem, peer);
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
-    Consumer<0>(bars, smem).run(args);
+    Consumer<0, kPaired>(bars, smem).run(args);
   } else {
     pl::grow_registers<kConsumerRegs<kFp8>>();
-    Consumer<1>(bars, smem).run(args);
+    Consumer<1, kPaired>(bars, smem).run(args);
   }
   // The producer waits here for the consumers instead of exiting early: no
-  // warp of the CTA has exited while the consumers' named barriers are in use.
-  __syncthreads();
+  // warp of the CTA has exited while the consumers' named barriers are in
+  // use. Paired, no CTA exits while its peer may still write into it or
+  // arrive on its barriers.
+  if constexpr (kPaired) pl::cluster_sync();
+  else __syncthreads();
 }
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows

@@ -17,6 +17,17 @@
 // publishes max(m, rowmax S_0), warpgroup 1 publishes the max of that and
 // rowmax S_1, and warpgroup 0 rescales its P_0 (already used for its own half)
 // before publishing it. Row sums stay per warpgroup until the epilogue.
+//
+// Paired CTAs (fp8 caches, an even number of head blocks, e.g. H 128): the
+// two head blocks of a token read the same keys, and an fp8 producer's
+// round is bound by dequantisation, not by the tensor cores. So two CTAs of
+// a cluster take the two head blocks of one (token, split) together, and each
+// producer dequantises only half of every key block's rows (its 32 of 64),
+// writing them into its own tile and, by st.async, into the peer's; the
+// peer's bytes complete the same full barrier (the local thread 0 expects
+// them). A key buffer half is free only once both CTAs' consumers are done
+// with it, so each consumer warp also arrives on the peer's empty barrier.
+// Valid flags, the fp8_ds_mla rope (cp.async) and the query stay per CTA.
 #pragma once
 #include <cstdint>
 

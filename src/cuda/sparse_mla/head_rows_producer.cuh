@@ -10,39 +10,41 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done.
-template <CacheFormat F>
-__device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem) {
+template <CacheFormat F, bool kPaired>
+__device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
+                                        const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
   const int group = t >> 3;
   const int c8 = t & 7;
-  using Gather = KeyGather<F>;
+  using Gather = KeyGather<F, kPaired>;
   constexpr int kRowsPerThread = Gather::kRowsPerThread;
-  Gather keys(t);
+  Gather keys(t, peer);
   const SparseMlaParams& p = args.p;
+  const Schedule<kPaired> sched(args);
   int round = 0;   // rounds so far, over all items of this CTA
   int q_loads = 0;  // queries loaded so far
 
-  const int items = num_items(args);
   // Items without keys need no loads: skip them, and look one item ahead so
   // that its valid count and first slots are loaded while this one runs.
+  // (Both CTAs of a pair skip the same ones: they share tokens and splits.)
   auto next_busy = [&](int from, int& count) {
-    for (; from < items; from += gridDim.x) {
-      count = WorkItem::load_count(args, from, items);
-      if (WorkItem(args, from, count).rounds > 0) break;
+    for (; from < sched.count; from += sched.stride) {
+      count = sched.load_count(args, from);
+      if (sched.work(args, from, count).rounds > 0) break;
     }
     return from;
   };
   std::int32_t slots[2][kRowsPerThread];
   int count = 0;
-  int item = next_busy(blockIdx.x, count);
-  WorkItem w(args, item, count);
-  if (item < items) {
+  int pos = next_busy(sched.start, count);
+  WorkItem w = sched.work(args, pos, count);
+  if (pos < sched.count) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = w.raw_slot(b, keys.row(i));
   }
-  while (item < items) {
+  while (pos < sched.count) {
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
 #pragma unroll
@@ -68,7 +70,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     auto gather = [&]<int b, int half, int nb, int nhalf>(bool chain) {
       if (!loaded) keys.load(w, slots[b], half);
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-      keys.store(w, slots[b], half, smem + kSmemK + b * kTileBytes, bars.full(b, half),
+      keys.store(w, slots[b], half, b, smem, bars.full(b, half),
                  [&](int i) { if (chain) keys.load_row(w, slots[nb], nhalf, i); });
       loaded = chain;
       // With the first half of a buffer, its keys' valid flags (the consumers
@@ -86,7 +88,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
     };
 
-    int count_ahead = 0, item_ahead = items;
+    int count_ahead = 0, pos_ahead = sched.count;
     for (int r = 0; r < w.rounds; ++r, ++round) {
       // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
       const bool more = r + 1 < w.rounds;
@@ -102,17 +104,17 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       } else {
         // Slots of the next item's first round: issued now, used after the
         // consumers release a buffer.
-        item_ahead = next_busy(item + gridDim.x, count_ahead);
-        const WorkItem w_next(args, item_ahead, count_ahead);
-        const bool any_next = item_ahead < items;
+        pos_ahead = next_busy(pos + sched.stride, count_ahead);
+        const WorkItem w_next = sched.work(args, pos_ahead, count_ahead);
+        const bool any_next = pos_ahead < sched.count;
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
           for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
       }
     }
-    item = item_ahead;
-    w = WorkItem(args, item, count_ahead);
+    pos = pos_ahead;
+    w = sched.work(args, pos, count_ahead);
   }
 }
 

@@ -66,6 +66,52 @@ inline __device__ int num_items(const KernelArgs& a) {
   return a.p.num_tokens * head_blocks(a.p.num_heads) * a.num_splits;
 }
 
+// The items a CTA visits, in order: positions start, start + stride, ... below
+// `count`, and item(pos) the item at a position. Alone (kPaired false) a CTA
+// takes every gridDim.x-th item. Paired, the two CTAs of a cluster take the
+// two head blocks of one (token, head-block pair, split) together (the key
+// gathers they share, head_rows_layout.cuh): positions number the pairs, and
+// rank r takes head block 2 j + r of pair j. Both CTAs of a cluster see the
+// same tokens and splits, hence the same rounds, in the same order.
+// Rank of this CTA in its cluster of two (paired kernel). The launch makes
+// clusters of two consecutive CTAs of a 1-D grid, so it is blockIdx.x % 2 —
+// computed so rather than read from %cluster_ctarank, because ptxas knows
+// blockIdx to be uniform across a warp but not the result of an asm: with the
+// latter, every branch that depends on the item would count as divergent, and
+// ptxas serialises the wgmma products around them (C7520).
+__device__ __forceinline__ int pair_rank() { return static_cast<int>(blockIdx.x & 1u); }
+
+template <bool kPaired>
+struct Schedule {
+  int start, stride, count, rank, splits;
+
+  __device__ explicit Schedule(const KernelArgs& a) : splits(a.num_splits) {
+    if constexpr (kPaired) {
+      rank = pair_rank();
+      start = static_cast<int>(blockIdx.x) / 2;
+      stride = static_cast<int>(gridDim.x) / 2;
+      count = num_items(a) / 2;  // head_blocks is even when paired (the launcher's choice)
+    } else {
+      rank = 0;
+      start = static_cast<int>(blockIdx.x);
+      stride = static_cast<int>(gridDim.x);
+      count = num_items(a);
+    }
+  }
+  __device__ int item(int pos) const {
+    if constexpr (!kPaired) return pos;
+    // Pair j = (token, head-block pair) x split; items are (token, head block) x split.
+    return (2 * (pos / splits) + rank) * splits + pos % splits;
+  }
+  // The valid count of the item at `pos` (a load issued early), 0 past the last one.
+  __device__ int load_count(const KernelArgs& a, int pos) const {
+    return pos < count ? WorkItem::load_count(a, item(pos), num_items(a)) : 0;
+  }
+  __device__ WorkItem work(const KernelArgs& a, int pos, int valid_count) const {
+    return WorkItem(a, pos < count ? item(pos) : num_items(a), valid_count);
+  }
+};
+
 // Barrier phases run on across items: every round uses each key barrier once,
 // every item with at least one round uses the query barriers once.
 struct Barriers {
