@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 
 #include "common/message.hpp"
 #include "dsmla/format.hpp"
@@ -34,28 +33,52 @@ std::string full_set_mismatch(std::span<const std::int32_t> row, std::int32_t co
 
 }  // namespace
 
-std::vector<double> reference_index_logits(const Plan& plan, const IndexerHostView& view, std::int32_t token,
-                                           std::int32_t request, std::int32_t pos) {
+ReferenceIndexLogits reference_index_logits_with_magnitude(const Plan& plan, const IndexerHostView& view,
+                                                           std::int32_t token, std::int32_t request, std::int32_t pos) {
   const int heads = plan.options.index_num_heads, dim = plan.options.index_head_dim, block = plan.block_size;
-  std::vector<double> logits(static_cast<std::size_t>(pos) + 1);
+  // The token's codes decoded once (the same float64 values, summed in the same order).
+  std::vector<double> q(static_cast<std::size_t>(heads) * dim), k(static_cast<std::size_t>(dim));
+  for (std::size_t i = 0; i < q.size(); ++i)
+    q[i] = double(e4m3_to_float(view.index_q[static_cast<std::int64_t>(token) * heads * dim + static_cast<std::int64_t>(i)]));
+  const float* w = view.index_weights + static_cast<std::int64_t>(token) * heads;
+  ReferenceIndexLogits out;
+  out.value.resize(static_cast<std::size_t>(pos) + 1);
+  out.magnitude.resize(static_cast<std::size_t>(pos) + 1);
   for (std::int32_t s = 0; s <= pos; ++s) {
     const std::int64_t id = view.block_table[static_cast<std::size_t>(request) * plan.max_blocks_per_request +
                                              static_cast<std::size_t>(s / block)];
     const IndexKeyView key = read_index_key(view.index_cache, id * block + s % block, block, dim);
-    double logit = 0;
+    for (int d = 0; d < dim; ++d) k[static_cast<std::size_t>(d)] = double(e4m3_to_float(key.codes[d]));
+    double logit = 0, magnitude = 0;
     for (int h = 0; h < heads; ++h) {
-      const std::uint8_t* q = view.index_q + (static_cast<std::int64_t>(token) * heads + h) * dim;
-      double score = 0;
-      for (int d = 0; d < dim; ++d) score += double(e4m3_to_float(q[d])) * double(e4m3_to_float(key.codes[d]));
-      logit += double(view.index_weights[static_cast<std::int64_t>(token) * heads + h]) * std::max(score, 0.0);
+      const double* qh = q.data() + static_cast<std::size_t>(h) * dim;
+      double score = 0, abs_score = 0;
+      for (int d = 0; d < dim; ++d) {
+        const double term = qh[d] * k[static_cast<std::size_t>(d)];
+        score += term;
+        abs_score += std::abs(term);
+      }
+      logit += double(w[h]) * std::max(score, 0.0);
+      magnitude += std::abs(double(w[h])) * abs_score;
     }
-    logits[static_cast<std::size_t>(s)] = logit * double(key.scale);
+    out.value[static_cast<std::size_t>(s)] = logit * double(key.scale);
+    out.magnitude[static_cast<std::size_t>(s)] = magnitude * std::abs(double(key.scale));
   }
-  return logits;
+  return out;
+}
+
+std::vector<double> reference_index_logits(const Plan& plan, const IndexerHostView& view, std::int32_t token,
+                                           std::int32_t request, std::int32_t pos) {
+  return reference_index_logits_with_magnitude(plan, view, token, request, pos).value;
 }
 
 std::string topk_row_mismatch(std::span<const std::int32_t> row, std::span<const double> logits, int topk,
-                              double rel_tol) {
+                              const TopkTolerance& tol, std::span<const double> magnitudes) {
+  if (!magnitudes.empty() && magnitudes.size() != logits.size())
+    throw Error("topk_row_mismatch: " + std::to_string(magnitudes.size()) + " magnitudes for " +
+                std::to_string(logits.size()) + " logits");
+  if (tol.mag_tol != 0 && magnitudes.empty())
+    throw Error("topk_row_mismatch: mag_tol " + detail::general(tol.mag_tol, 6) + " without the logits' magnitudes");
   const auto n = static_cast<std::int32_t>(logits.size());
   const std::int32_t count = std::min<std::int32_t>(n, topk);
   std::vector<bool> selected(static_cast<std::size_t>(n), false);
@@ -73,17 +96,35 @@ std::string topk_row_mismatch(std::span<const std::int32_t> row, std::span<const
     return std::to_string(valid) + " positions selected, expected min(candidates " + std::to_string(n) + ", topk " +
            std::to_string(topk) + ") = " + std::to_string(count);
   if (count == 0) return {};
-  std::vector<double> sorted(logits.begin(), logits.end());
-  std::nth_element(sorted.begin(), sorted.begin() + (count - 1), sorted.end(), std::greater<>());
-  const double kth = sorted[static_cast<std::size_t>(count - 1)];
-  const double tol = rel_tol * std::abs(kth);
+  // The k-th largest (logit descending, position ascending: a definite position for its magnitude).
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  for (std::int32_t s = 0; s < n; ++s) order[static_cast<std::size_t>(s)] = s;
+  std::nth_element(order.begin(), order.begin() + (count - 1), order.end(), [&](std::int32_t a, std::int32_t b) {
+    const double la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  });
+  const auto kth_at = static_cast<std::size_t>(order[static_cast<std::size_t>(count - 1)]);
+  const double kth = logits[kth_at];
+  const auto magnitude = [&](std::size_t s) { return magnitudes.empty() ? 0.0 : magnitudes[s]; };
+  const double kth_magnitude = magnitude(kth_at);
+  // Disagreements: a selected position strictly below the k-th largest, an
+  // unselected one strictly above it (exact ties at the k-th are no disagreement).
+  int exempt = 0;
+  std::string first_exempt;
   for (std::int32_t s = 0; s < n; ++s) {
-    const double logit = logits[static_cast<std::size_t>(s)];
-    if (!selected[static_cast<std::size_t>(s)] && logit > kth + tol)
-      return describe(s, logit, "is not selected but above the k-th largest", kth, tol);
-    if (selected[static_cast<std::size_t>(s)] && logit < kth - tol)
-      return describe(s, logit, "is selected but below the k-th largest", kth, tol);
+    const auto at = static_cast<std::size_t>(s);
+    const double logit = logits[at];
+    const bool below = selected[at] && logit < kth, above = !selected[at] && logit > kth;
+    if (!below && !above) continue;
+    const double t = tol.rel_tol * std::abs(kth) + tol.mag_tol * (magnitude(at) + kth_magnitude);
+    const char* what = above ? "is not selected but above the k-th largest" : "is selected but below the k-th largest";
+    if (std::abs(logit - kth) > t) return describe(s, logit, what, kth, t);
+    if (++exempt == 1) first_exempt = describe(s, logit, what, kth, t);
   }
+  const int max_exempt = max_topk_exempt_disagreements(topk);
+  if (exempt > max_exempt)
+    return std::to_string(exempt) + " near-threshold disagreements with the reference, more than " +
+           std::to_string(max_exempt) + " (a wrong kernel near the threshold?); the first: " + first_exempt;
   return {};
 }
 
@@ -95,7 +136,7 @@ std::string TopkCheckReport::summary() const {
 }
 
 TopkCheckReport check_topk_selection(const Plan& plan, const IndexerHostView& view,
-                                     std::span<const std::int32_t> topk, double rel_tol) {
+                                     std::span<const std::int32_t> topk, const TopkTolerance& tol) {
   const auto width = static_cast<std::size_t>(plan.options.topk);
   if (topk.size() != static_cast<std::size_t>(plan.num_tokens) * width)
     throw Error("check_topk_selection: topk has " + std::to_string(topk.size()) + " entries, expected " +
@@ -106,9 +147,9 @@ TopkCheckReport check_topk_selection(const Plan& plan, const IndexerHostView& vi
   std::vector<bool> is_indexer_row(static_cast<std::size_t>(plan.num_tokens), false);
   for (const IndexerRow& r : plan.indexer_rows) {
     is_indexer_row[static_cast<std::size_t>(r.token)] = true;
-    const std::vector<double> logits = reference_index_logits(plan, view, r.token, r.request, r.pos);
-    const std::string why = topk_row_mismatch(topk.subspan(static_cast<std::size_t>(r.token) * width, width), logits,
-                                              plan.options.topk, rel_tol);
+    const ReferenceIndexLogits logits = reference_index_logits_with_magnitude(plan, view, r.token, r.request, r.pos);
+    const std::string why = topk_row_mismatch(topk.subspan(static_cast<std::size_t>(r.token) * width, width),
+                                              logits.value, plan.options.topk, tol, logits.magnitude);
     ++report.rows_checked;
     if (!why.empty()) record(report, r.token, why);
   }

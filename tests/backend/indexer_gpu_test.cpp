@@ -1,6 +1,7 @@
 // GPU lightning indexer against the float64 definition (DESIGN §6): the index
 // cache bytes equal the host codec's, and every selected set equals the
-// reference's up to logits within 1e-5 relative of the k-th largest
+// reference's up to logits near the k-th largest: within 1e-5 relative plus
+// 5e-4 of the logits' magnitudes, the FP8 tensor-core accumulation
 // (dsmla/testing/topk_check.hpp), over decode / mixed / long-prefill batches,
 // contexts up to 64K, 32 and 64 indexer heads and block sizes 16 to 128.
 // The attention outputs over those selections are covered by the matrix tests.
@@ -22,6 +23,15 @@ namespace dsmla {
 namespace {
 
 using cuda::DeviceBuffer;
+
+// The backend computes the indexer logits on FP8 tensor cores (the wgmma kernel,
+// the default unless DSMLA_INDEXER_LOGITS=cuda_core). Hopper's FP8 MMA accumulates
+// with reduced precision (about 14 bits kept, DeepSeek-V3 report), so a logit
+// differs from float64 by up to ~5e-4 of its magnitude (sum over heads of
+// |w_h| * sum_d |q_d k_d| * scale), far more than 1e-5 of the logit: the
+// tolerance of tests/cuda/indexer_gpu_test.cpp (magnitude_tolerance()) for wgmma.
+// It also covers the CUDA-core kernel (4e-6 there).
+constexpr double kWgmmaLogitMagnitudeTol = 5e-4;
 
 struct Batch {
   const char* name;
@@ -93,8 +103,10 @@ TEST_P(IndexerGpu, SelectionsMatchTheReference) {
   const std::vector<std::uint8_t> got_cache = index_cache.download();
   ASSERT_EQ(got_cache, expected_cache) << b.name << ": index cache bytes differ from the host codec";
   const std::vector<std::int32_t> got = topk.download();
+  TopkTolerance tol;
+  tol.mag_tol = kWgmmaLogitMagnitudeTol;
   const TopkCheckReport report = check_topk_selection(
-      plan, {c.index_q.data(), c.index_weights.data(), expected_cache.data(), c.block_table}, got);
+      plan, {c.index_q.data(), c.index_weights.data(), expected_cache.data(), c.block_table}, got, tol);
   EXPECT_TRUE(report.ok()) << b.name << ", " << heads << " heads, block " << block_size << ": " << report.summary();
 }
 

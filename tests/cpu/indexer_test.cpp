@@ -161,6 +161,87 @@ TEST(IndexerCheck, RejectsWrongSelections) {
   const TopkCheckReport report = check_topk_selection(plan, view_of(c, r.index_cache), r.topk);
   EXPECT_FALSE(report.ok());
   EXPECT_NE(report.summary().find("token " + std::to_string(t)), std::string::npos) << report.summary();
+  // Still with the GPU tests' magnitude tolerance: the damage is far from the threshold.
+  TopkTolerance loose;
+  loose.mag_tol = 5e-4;
+  const TopkCheckReport loose_report = check_topk_selection(plan, view_of(c, r.index_cache), r.topk, loose);
+  EXPECT_FALSE(loose_report.ok());
+  EXPECT_EQ(loose_report.failures, 1u) << loose_report.summary();
+  EXPECT_NE(loose_report.summary().find("token " + std::to_string(t)), std::string::npos) << loose_report.summary();
+}
+
+TEST(IndexerCheck, MagnitudeToleranceExemptsOnlyNearThresholdSwaps) {
+  TopkTolerance mag;
+  mag.mag_tol = 5e-4;
+  // k-th largest (topk 3) is position 3 (3.0); position 4 (2.999) is 1e-3 below it,
+  // beyond 1e-5 relative but within 5e-4 * (10 + 10) of the magnitudes.
+  const std::vector<double> logits = {5.0, 1.0, 4.0, 3.0, 2.999};
+  const std::vector<double> magnitudes(logits.size(), 10.0);
+  const std::vector<std::int32_t> near_swap = {0, 2, 4};
+  const std::string strict = topk_row_mismatch(near_swap, logits, 3);
+  EXPECT_NE(strict.find("position 4 (logit 2.999) is selected but below the k-th largest; k-th largest logit 3"),
+            std::string::npos) << strict;
+  EXPECT_EQ(topk_row_mismatch(near_swap, logits, 3, mag, magnitudes), "");
+  EXPECT_EQ(topk_row_mismatch(std::vector<std::int32_t>{0, 2, 3}, logits, 3, mag, magnitudes), "");
+  // The k-th largest's own magnitude counts: small magnitudes leave the swap rejected.
+  const std::vector<double> small(logits.size(), 0.5);
+  EXPECT_NE(topk_row_mismatch(near_swap, logits, 3, mag, small), "");
+  // Far from the threshold nothing is exempt, whatever mag_tol: position 1 (1.0) for 3 (3.0).
+  const std::string far = topk_row_mismatch(std::vector<std::int32_t>{0, 2, 1}, logits, 3, mag, magnitudes);
+  EXPECT_NE(far.find("position 1 (logit 1) is selected but below the k-th largest; k-th largest logit 3"),
+            std::string::npos) << far;
+  // Position 2 (4.0) left out for 4 (2.999): above the k-th largest by 1.0.
+  const std::string missed = topk_row_mismatch(std::vector<std::int32_t>{0, 3, 4}, logits, 3, mag, magnitudes);
+  EXPECT_NE(missed.find("position 2 (logit 4) is not selected but above the k-th largest"), std::string::npos)
+      << missed;
+  // mag_tol needs the magnitudes, one per logit.
+  EXPECT_NE(test::error_of([&] { topk_row_mismatch(near_swap, logits, 3, mag); }).find("magnitudes"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { topk_row_mismatch(near_swap, logits, 3, mag, std::vector<double>(2, 1.0)); })
+                .find("2 magnitudes for 5 logits"),
+            std::string::npos);
+
+  // Many near-threshold disagreements in one row fail even though each is within
+  // the tolerance: positions 0..7 (10.0) and a band 8..39 of 3.0000 .. 3.0031 (step
+  // 1e-4), topk 16; the reference takes 0..7 and 32..39, the selection 0..15.
+  std::vector<double> band(40, 10.0);
+  for (int i = 8; i < 40; ++i) band[static_cast<std::size_t>(i)] = 3.0 + 1e-4 * (i - 8);
+  const std::vector<double> band_magnitudes(band.size(), 10.0);
+  std::vector<std::int32_t> low(16), one_off(16);
+  for (int i = 0; i < 16; ++i) low[static_cast<std::size_t>(i)] = i;
+  for (int i = 0; i < 8; ++i) one_off[static_cast<std::size_t>(i)] = i;
+  for (int i = 8; i < 16; ++i) one_off[static_cast<std::size_t>(i)] = 24 + i;  // 32..39
+  EXPECT_EQ(topk_row_mismatch(one_off, band, 16, mag, band_magnitudes), "");
+  one_off[8] = 31;  // 31 (3.0023) for 32 (3.0024, the k-th largest): one swap, exempt
+  EXPECT_EQ(topk_row_mismatch(one_off, band, 16, mag, band_magnitudes), "");
+  EXPECT_EQ(max_topk_exempt_disagreements(16), 8);
+  EXPECT_EQ(max_topk_exempt_disagreements(2048), 128);
+  const std::string many = topk_row_mismatch(low, band, 16, mag, band_magnitudes);
+  EXPECT_NE(many.find("15 near-threshold disagreements with the reference, more than 8"), std::string::npos) << many;
+  EXPECT_NE(many.find("position 8 (logit 3) is selected but below the k-th largest; k-th largest logit 3.0024"),
+            std::string::npos) << many;
+}
+
+TEST(IndexerCheck, MagnitudesBoundTheReferenceLogits) {
+  const Case c = indexer_case(64, 16);
+  const IndexerRun r = run(c, CpuPrecision::float64);
+  const Plan plan = make_plan(c.batch(), c.plan_options());
+  const IndexerRow row = plan.indexer_rows.back();
+  const ReferenceIndexLogits ref =
+      reference_index_logits_with_magnitude(plan, view_of(c, r.index_cache), row.token, row.request, row.pos);
+  ASSERT_EQ(ref.value.size(), static_cast<std::size_t>(row.pos) + 1);
+  ASSERT_EQ(ref.magnitude.size(), ref.value.size());
+  EXPECT_EQ(ref.value, reference_index_logits(plan, view_of(c, r.index_cache), row.token, row.request, row.pos));
+  for (std::size_t s = 0; s < ref.value.size(); ++s) {
+    EXPECT_GE(ref.magnitude[s], std::fabs(ref.value[s])) << "position " << s;
+    EXPECT_GT(ref.magnitude[s], 0.0) << "position " << s;
+  }
+  // The float32 run passes with and without the magnitude term.
+  const IndexerRun got = run(c, CpuPrecision::float32);
+  TopkTolerance mag;
+  mag.mag_tol = 5e-4;
+  const TopkCheckReport report = check_topk_selection(plan, view_of(c, r.index_cache), got.topk, mag);
+  EXPECT_TRUE(report.ok()) << report.summary();
 }
 
 TEST(IndexerInputs, BadValuesAreNamed) {

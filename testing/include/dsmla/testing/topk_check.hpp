@@ -1,12 +1,19 @@
 // Judging a lightning-indexer selection (DESIGN §6) against float64 logits:
-// the one policy of the CPU (float32 vs float64) and GPU (vs CPU) tests.
+// the one policy of the CPU (float32 vs float64) and GPU (vs float64) tests.
 //
 // Two correct implementations that sum in different orders may swap positions
 // whose logits are nearly equal to the k-th largest, so a selected set must
-// equal the reference's except among positions within rel_tol * |k-th| of the
-// k-th largest logit: every position clearly above it is selected, none
+// equal the reference's except among positions within
+//   tol(p) = rel_tol * |k-th| + mag_tol * (magnitude(p) + magnitude(k-th))
+// of the k-th largest logit: every position clearly above it is selected, none
 // clearly below it is, and the row holds exactly min(pos + 1, topk) distinct
-// valid positions followed by -1 (in any order).
+// valid positions followed by -1 (in any order). A logit's magnitude is
+// sum_h |w_h| * sum_d |q_d k_d| * scale, the scale of the rounding errors of an
+// accumulation over its terms (mag_tol 0 by default: a relative tolerance only).
+// Those exempt disagreements (a selected position strictly below the k-th
+// largest, or an unselected one strictly above it) must stay rare: at most
+// max(8, topk / 16) per row, so a kernel that is wrong near the threshold
+// everywhere still fails.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +26,15 @@
 namespace dsmla {
 
 inline constexpr double kTopkLogitRelTol = 1e-5;
+
+// How far from the k-th largest reference logit a disagreement may lie (see above).
+struct TopkTolerance {
+  double rel_tol = kTopkLogitRelTol;  // of |k-th largest logit|
+  double mag_tol = 0;                 // of magnitude(p) + magnitude(k-th); needs the magnitudes
+};
+
+// The most exempt (near-threshold) disagreements one row may hold.
+inline int max_topk_exempt_disagreements(int topk) { return topk / 16 > 8 ? topk / 16 : 8; }
 
 // The host inputs a reference logit needs; the index cache must already hold
 // the batch's new keys (the cache after the run, or written with write_index_key).
@@ -33,10 +49,18 @@ struct IndexerHostView {
 std::vector<double> reference_index_logits(const Plan& plan, const IndexerHostView& view, std::int32_t token,
                                            std::int32_t request, std::int32_t pos);
 
+// The same logits with their magnitudes (sum_h |w_h| * sum_d |q_d k_d| * scale).
+struct ReferenceIndexLogits {
+  std::vector<double> value, magnitude;  // pos + 1 each
+};
+ReferenceIndexLogits reference_index_logits_with_magnitude(const Plan& plan, const IndexerHostView& view,
+                                                           std::int32_t token, std::int32_t request, std::int32_t pos);
+
 // Empty when `row` (topk entries) is an acceptable selection for `logits`
 // (candidates 0..logits.size()-1), else why not, naming position and logit.
-std::string topk_row_mismatch(std::span<const std::int32_t> row, std::span<const double> logits,
-                              int topk, double rel_tol = kTopkLogitRelTol);
+// `magnitudes` (one per logit) may be empty only when tol.mag_tol is 0.
+std::string topk_row_mismatch(std::span<const std::int32_t> row, std::span<const double> logits, int topk,
+                              const TopkTolerance& tol = {}, std::span<const double> magnitudes = {});
 
 struct TopkCheckReport {
   std::size_t rows_checked = 0;
@@ -51,6 +75,6 @@ struct TopkCheckReport {
 // indexer rows against reference logits, full-set tokens exactly 0..pos then -1,
 // every other row all -1.
 TopkCheckReport check_topk_selection(const Plan& plan, const IndexerHostView& view,
-                                     std::span<const std::int32_t> topk, double rel_tol = kTopkLogitRelTol);
+                                     std::span<const std::int32_t> topk, const TopkTolerance& tol = {});
 
 }  // namespace dsmla
