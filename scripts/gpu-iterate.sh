@@ -8,6 +8,7 @@
 #   against the anchors of this call, bench/kernel_ratios.py).
 # With --sanitize, afterwards the compute-sanitizer subset (sanitizer.log); with
 # --full, every GPU test (tests_full.log) and the sanitizer subset.
+# TEST_TIMEOUT (seconds, default 240) bounds each GPU test binary.
 # Usage: scripts/gpu-iterate.sh [--full|--sanitize] [GTEST_FILTER] [HARNESS_ARGS...]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
@@ -26,7 +27,7 @@ status=0
 echo "== gpu tests ($filter)"
 for t in build-gpu/tests/test_gpu_*; do
   [ -x "$t" ] && [ "${t%.cmake}" = "$t" ] || continue
-  timeout 240 "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
+  timeout ${TEST_TIMEOUT:-240} "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
 done
 tail -5 "$out/tests.log"
 echo "== kernel harnesses (build-gpu/*_kernel_bench, built with the rest)"

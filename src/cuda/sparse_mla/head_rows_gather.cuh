@@ -6,8 +6,8 @@
 //   store(w, slots, half, buffer, smem, full, next)
 //                          after it: the writes into the tile, then one
 //                          arrival per thread on the half's full barrier.
-//                          next(i) runs once row i's registers are free, to
-//                          issue the next half's loads of row i (load_row).
+//                          next(j) runs once unit j's registers are free, to
+//                          issue the next half's loads of unit j (load_unit).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
 #pragma once
 #include <cstdint>
@@ -47,7 +47,7 @@ struct KeyGather<CacheFormat::bf16, false> {
   __device__ KeyGather(int thread, const Peer&) : t(static_cast<unsigned>(thread)) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
   __device__ __forceinline__ void load(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int) {}
-  __device__ __forceinline__ void load_row(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int, int) {}
+  __device__ __forceinline__ void load_unit(const WorkItem&, const std::int32_t (&)[kRowsPerThread], int, int) {}
   template <class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
                                         int buffer, std::uint8_t* smem, pl::Mbarrier* full, Next&&) {
@@ -83,17 +83,23 @@ struct KeyGather<CacheFormat::bf16, false> {
 // writes it into both CTAs' tiles (the peer's through st.async, which
 // completes bytes on the peer's full barrier; the local thread 0 expects the
 // peer's bytes on its own). Flags and the fp8_ds_mla rope stay per CTA.
+// A thread's work of a half comes in two units, each loaded, converted and
+// stored as one, so that one unit's loads are in flight while the other is
+// converted (the chained loads, head_rows_producer.cuh): unit j is row(j)
+// alone, or paired, dim blocks [2j, 2j + 2) of the half of row(rank) (and the
+// fp8 rope codes with unit 1).
 template <CacheFormat F, bool kPaired>
 struct KeyGather {
   static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
   static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
   static constexpr int kThreadsPerRow = 4;
   static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 2
-  static constexpr int kConvertedRows = kPaired ? 1 : kRowsPerThread;      // rows this thread dequantises
+  static constexpr int kUnits = 2;
+  static constexpr int kUnitBlocks = kPaired ? kLoBlocks / kUnits : kLoBlocks;  // 64-dim blocks of a unit
+  static constexpr int kUnitLoads = kUnitBlocks + (kDsMla ? 0 : 1);  // 16-byte loads of a unit (+ fp8 rope)
   // Arrivals that complete a half: one per thread, two in fp8_ds_mla's hi half.
   static constexpr int full_arrivals(int half) { return kDsMla && half == kHi ? 256 : 128; }
   static constexpr int kBytesPerToken = cache_token_bytes(F);
-  static constexpr int kLoads = kLoBlocks + (kDsMla ? 0 : 1);  // 16-byte loads per row and half
   // Bytes the peer writes into one half of this CTA's buffer (its 32 rows).
   static constexpr int peer_bytes(int half) {
     return (kBlockKeys / 2) * (kLoBlocks + (!kDsMla && half == kHi ? 1 : 0)) * 128;
@@ -104,39 +110,45 @@ struct KeyGather {
   };
   unsigned t;  // producer thread, 0..127
   std::conditional_t<kPaired, Peer, NoPeer> peer;  // unpaired: nothing held
-  uint4 raw[kConvertedRows][kLoads];
-  float2 scale[kConvertedRows];  // fp8_ds_mla: the two 128-dim tile scales of the half; fp8: k_scale
+  uint4 raw[kUnits][kUnitLoads];
+  float2 scale[kUnits];  // fp8_ds_mla: the two 128-dim tile scales of the half; fp8: k_scale
 
   __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
-  // Converted row j: its row in the tile and its slot among the thread's two.
-  __device__ __forceinline__ int converted_row(int j) const {
+  // Unit j: its row in the tile, its slot among the thread's two, its first
+  // block in the half, and whether it carries the fp8 rope codes of the hi half.
+  __device__ __forceinline__ int unit_row(int j) const {
     if constexpr (kPaired) return row(peer.rank);
     else return row(j);
   }
-  __device__ __forceinline__ std::int32_t converted_slot(const std::int32_t (&slots)[kRowsPerThread], int j) const {
+  __device__ __forceinline__ std::int32_t unit_slot(const std::int32_t (&slots)[kRowsPerThread], int j) const {
     if constexpr (kPaired) return peer.rank == 0 ? slots[0] : slots[1];
     else return slots[j];
+  }
+  static __device__ __forceinline__ int unit_block0(int j) { return kPaired ? kUnitBlocks * j : 0; }
+  static __device__ __forceinline__ bool unit_rope(int j, int half) {
+    return !kDsMla && half == kHi && (!kPaired || j == kUnits - 1);
   }
 
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
 #pragma unroll
-    for (int j = 0; j < kConvertedRows; ++j) load_row(w, slots, half, j);
+    for (int j = 0; j < kUnits; ++j) load_unit(w, slots, half, j);
   }
 
-  __device__ __forceinline__ void load_row(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
+  // The loads of unit j.
+  __device__ __forceinline__ void load_unit(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
                                            int j) {
     const int q = static_cast<int>(t % kThreadsPerRow);
-    const std::int32_t s = w.checked(converted_slot(slots, j));
+    const std::int32_t s = w.checked(unit_slot(slots, j));
     const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int d = 0; d < kLoBlocks; ++d) {
-      const int block = first_block(half) + d;
-      raw[j][d] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+    for (int k = 0; k < kUnitBlocks; ++k) {
+      const int block = first_block(half) + unit_block0(j) + k;
+      raw[j][k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
     }
-    if (!kDsMla && half == kHi)
-      raw[j][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+    if (unit_rope(j, half))
+      raw[j][kUnitBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
     if constexpr (kDsMla) {
       const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
       scale[j] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
@@ -172,19 +184,20 @@ struct KeyGather {
       }
     };
 #pragma unroll
-    for (int j = 0; j < kConvertedRows; ++j) {
-      const int r = converted_row(j);
+    for (int j = 0; j < kUnits; ++j) {
+      const int r = unit_row(j);
 #pragma unroll
-      for (int d = 0; d < kLoBlocks; ++d) {
+      for (int k = 0; k < kUnitBlocks; ++k) {
+        const int d = unit_block0(j) + k;  // block of the half: the first two share scale.x
         const int block = first_block(half) + d;
         uint4 lo, hi;
-        e4m3x16_to_bf16(raw[j][d], d < 2 ? scale[j].x : scale[j].y, lo, hi);
+        e4m3x16_to_bf16(raw[j][k], d < 2 ? scale[j].x : scale[j].y, lo, hi);
         put(r, 8 * block + 2 * q, lo);
         put(r, 8 * block + 2 * q + 1, hi);
       }
-      if (!kDsMla && half == kHi) {
+      if (unit_rope(j, half)) {
         uint4 lo, hi;
-        e4m3x16_to_bf16(raw[j][kLoBlocks], scale[j].x, lo, hi);
+        e4m3x16_to_bf16(raw[j][kUnitBlocks], scale[j].x, lo, hi);
         put(r, rope + 2 * q, lo);
         put(r, rope + 2 * q + 1, hi);
       }

@@ -71,7 +71,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       if (!loaded) keys.load(w, slots[b], half);
       pl::wait(bars.empty(b, half), (round & 1) ^ 1);
       keys.store(w, slots[b], half, b, smem, bars.full(b, half),
-                 [&](int i) { if (chain) keys.load_row(w, slots[nb], nhalf, i); });
+                 [&](int i) { if (chain) keys.load_unit(w, slots[nb], nhalf, i); });
       loaded = chain;
       // With the first half of a buffer, its keys' valid flags (the consumers
       // read them after S, before releasing that half): the first thread of
