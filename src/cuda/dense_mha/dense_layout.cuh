@@ -3,31 +3,39 @@
 //
 // Work split
 //   One thread block = one work item (kQueryTile query rows of one request) x
-//   one head (grid = [work items, H]). Two warpgroups; warpgroup w owns query
-//   rows [64w, 64w + 64) of the tile for the whole key range, the softmax
-//   statistics of a row live in the 4 lanes of a quad.
+//   one head (grid = [work items, H]). Three warpgroups, warp-specialised:
+//   warpgroup 2 (the producer) copies Q once and the K / V tiles into a ring
+//   of kStages stages (cp.async, one mbarrier pair per stage); consumer
+//   warpgroup w (0, 1) owns query rows [64w, 64w + 64) of the tile for the
+//   whole key range, the softmax statistics of a row live in the 4 lanes of
+//   a quad.
 //   Keys of request r, head h: K(s) = [kv_up[s, h, 0:128] | latent[s, 512:576]]
 //   (k_pe is read straight from the latent rows, shared by all heads: no
 //   concatenated copy), V(s) = kv_up[s, h, 128:256].
 //   Key tiles of kKeyTile rows are visited from the last one (which holds the
-//   causal diagonal) down to 0. A warpgroup skips the tiles past its own last
-//   row's limit and masks only the tiles that reach past its first row's limit.
+//   causal diagonal) down to 0; both consumers visit every tile of the block
+//   (a tile past all of a warpgroup's rows is fully masked for it) so that
+//   they can take turns at the tensor cores.
+//
+// Ping-pong (mainloop.cuh): each consumer issues the products of one step,
+// S_j = Q K_j^T and O += P_{j-1} V_{j-1}, as one batch in its turn, then does
+// the softmax of S_j while the other consumer's batch runs, so the tensor
+// cores are not idle during the softmax. The turns are two named barriers.
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of a
 // 128-byte row r sits at c ^ (r & 7), the layout wgmma's descriptors expect)
 //   sQ  2 warpgroups x 3 column blocks x [64 rows x 64 bf16]        48 KiB
-//   per stage (2 stages, double buffer), kKeyTile = 128 keys:
+//   per stage (kStages = 2), kKeyTile = 128 keys:
 //     sK  3 column blocks x [128 keys x 64 bf16]   K-major B of S = Q K^T    48 KiB
 //     sV  2 column blocks x [128 keys x 64 bf16]   MN-major B of O += P V    32 KiB
-//   208 KiB in all: one block (8 warps) per SM.
+//   208 KiB in all (+ barriers): one block (12 warps) per SM.
 //   Column block c holds head dims [64c, 64c + 64); for Q and K block 2 is the
 //   rope part. The epilogue stages each warpgroup's output in its own sQ.
 //
-// Pipeline (per key tile, one __syncthreads): mainloop.cuh. Measured
-// alternatives that were slower on the H200: 64-key tiles with 3 stages
-// (-4..9 %), and 64-key tiles where tile j's S GEMM and softmax overlap tile
-// j-1's P V GEMM (-2..7 %); the mma.sync (FA2-style) version of this kernel
-// ran at 0.6x this speed.
+// Measured alternatives that were slower on the H200 (the kernel before the
+// warp specialisation, NOTES.md): 64-key tiles with 3 stages (-4..9 %), and
+// 64-key tiles where tile j's S GEMM and softmax overlap tile j-1's P V GEMM
+// (-2..7 %); the mma.sync (FA2-style) version ran at 0.6x.
 //
 // Rows past q_len inside the last tile, and key rows past seq_len inside the
 // last key tile, read a clamped valid row (finite data, never stored / always
@@ -48,10 +56,18 @@ inline constexpr int kQkDim = kQkHeadDim;        // 192 = 128 nope + 64 rope
 inline constexpr int kNope = kNopeDim;           // 128
 inline constexpr int kVDim = kVHeadDim;          // 128
 inline constexpr int kKvUpRow = kKvBRowsPerHead;  // 256 values per head in kv_up: [k_nope | v]
-inline constexpr int kWarpgroups = 2;
-inline constexpr int kThreads = kWarpgroups * 128;
+inline constexpr int kWarpgroups = 2;                      // consumers
+inline constexpr int kConsumerThreads = kWarpgroups * 128;
+inline constexpr int kProducerThreads = 128;
+inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
 inline constexpr int kWgRows = kQueryTile / kWarpgroups;  // 64 = wgmma M
 static_assert(kWgRows == 64);
+// setmaxnreg budget: the launch gives every thread kLaunchRegs (65536 / 384,
+// rounded down to the granule of 8) and the warpgroups may only trade them.
+inline constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168
+inline constexpr int kConsumerRegs = 232;
+inline constexpr int kProducerRegs = 40;
+static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kThreads * kLaunchRegs);
 
 // Accumulators per thread (wgmma order, src/cuda/common/wgmma.cuh).
 inline constexpr int kSRegs = kKeyTile / 2;  // S: m64 x kKeyTile
@@ -74,7 +90,9 @@ inline constexpr int kStageBytes = kKBytes + kVBytes;
 // Byte offsets from the 1024-byte aligned base.
 inline constexpr int kSmemQ = 0;
 inline constexpr int kSmemStages = kSmemQ + kWarpgroups * kQWgBytes;
-inline constexpr int kSmemUsed = kSmemStages + kStages * kStageBytes;  // 208 KiB
+inline constexpr int kSmemBars = kSmemStages + kStages * kStageBytes;  // 208 KiB of tiles, then the barriers
+inline constexpr int kNumBars = 1 + 2 * kStages;                       // q_full, full[kStages], empty[kStages]
+inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr std::uint32_t kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
 static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");
@@ -97,6 +115,10 @@ template <int kRowLength>
 __host__ __device__ constexpr std::uint32_t swizzled(int row, int chunk) {
   return static_cast<std::uint32_t>(row * kRowLength + ((chunk ^ (row & 7)) << 4));
 }
+
+// Named barriers of the ping-pong (ids for pipeline::named_*): kTurn + w is
+// consumer w's turn to issue its products.
+inline constexpr int kTurn = 0;
 
 // ---------------------------------------------------------------- threads
 // This thread's place in its warpgroup's accumulators (wgmma order): rows

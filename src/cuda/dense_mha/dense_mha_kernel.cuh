@@ -1,6 +1,6 @@
-// The dense causal varlen MHA kernel (wgmma, sm_90a). Shapes, work split and
-// shared-memory plan: dense_layout.cuh; loads and products: mainloop.cuh;
-// mask and softmax: softmax_mask.cuh; output: epilogue.cuh.
+// The dense causal varlen MHA kernel (wgmma, sm_90a), warp-specialised.
+// Shapes, roles, ping-pong and shared-memory plan: dense_layout.cuh; loads and
+// products: mainloop.cuh; mask and softmax: softmax_mask.cuh; output: epilogue.cuh.
 #pragma once
 #include <cstdint>
 
@@ -13,55 +13,133 @@
 
 namespace dsmla::cuda::dense_mha_detail {
 
-__global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const DenseMhaParams p) {
-  extern __shared__ __align__(1024) std::uint8_t smem_raw[];
-  std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
-  const std::uint32_t s_base = pl::smem_addr(smem);
+struct Barriers {
+  pl::Mbarrier* base;
+  __device__ pl::Mbarrier* q_full() const { return base; }
+  __device__ pl::Mbarrier* full(int stage) const { return base + 1 + stage; }   // the producer's copies landed
+  __device__ pl::Mbarrier* empty(int stage) const { return base + 1 + kStages + stage; }  // both consumers done
+};
 
-  const FragmentCoords c(threadIdx.x);
-  const BlockWork w(p, c.warpgroup);
-  const TileLoader loader(threadIdx.x, p, w);
+// Step `it` of the block's key loop reads tile key_tiles - 1 - it from stage
+// it % kStages, in that stage's use (it / kStages).
+__device__ __forceinline__ int stage_of(int it) { return it % kStages; }
+__device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
 
-  // Prologue: the first kStages - 1 key tiles, one commit group each (empty
-  // groups past the last tile keep the wait count uniform); Q joins the first.
+// Warpgroup 2: Q once, then every key tile of the block into the ring.
+__device__ __forceinline__ void produce(const DenseMhaParams& p, const BlockWork& w, const Barriers& bars,
+                                        std::uint8_t* smem) {
+  const TileLoader loader(static_cast<int>(threadIdx.x) - kConsumerThreads, p, w);
   loader.load_q(smem);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < w.key_tiles) loader.load_kv(smem, w.key_tiles - 1 - s, s);
-    pl::commit_copies();
+  pl::arrive_on_copies(bars.q_full());
+  for (int it = 0; it < w.key_tiles; ++it) {
+    pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
+    loader.load_kv(smem, w.key_tiles - 1 - it, stage_of(it));
+    pl::arrive_on_copies(bars.full(stage_of(it)));
   }
+}
 
+// Consumer warpgroup c.warpgroup: its 64 rows over every key tile of the
+// block. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn, then
+// does the softmax of S_it while the other consumer's products run. A tile
+// past all of the warpgroup's rows (or any tile, for a warpgroup with no
+// rows) still has its products issued, with P = 0: a branch around them
+// would make ptxas serialise every wgmma of the loop (C7520), and such tiles
+// are rare (at most one per block, and none when ctx_len and the tile are
+// multiples of 128).
+__device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
+                                        const Barriers& bars, std::uint8_t* smem) {
+  const std::uint32_t s_base = pl::smem_addr(smem);
+  const int me = c.warpgroup, other = 1 - c.warpgroup;
   float o[kOHalves][kOHalfRegs];
-  float s[kSRegs];  // S, then P; overwritten by the first product of every tile
+  float s[kSRegs];  // S of the step, then its P (as fp32 until packed)
+  std::uint32_t p_frag[kKeySteps][4];  // P of the previous step, the A operand of its P V
 #pragma unroll
   for (int i = 0; i < kOHalfRegs; ++i) o[0][i] = o[1][i] = 0.f;
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kKeySteps; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
   OnlineSoftmax softmax(p.softmax_scale);
+  auto fence_o = [&] {
+#pragma unroll
+    for (int h = 0; h < kOHalves; ++h) mma::fence_operands(o[h]);
+  };
 
-  // Key tiles from the last (the causal diagonal) down to 0.
+  // Consumer 0 goes first: consumer 1 opens its turn. Each turn ends by
+  // opening the other's; the last turn of consumer 1 opens none, so that
+  // every arrival on a turn barrier meets a sync.
+  if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  pl::wait(bars.q_full(), 0);
   for (int it = 0; it < w.key_tiles; ++it) {
     const int tile = w.key_tiles - 1 - it;
-    const int stage = it % kStages;
-    pl::wait_copies<kStages - 2>();  // this thread's copies of `tile` have landed
-    pl::fence_smem_for_mma();
-    __syncthreads();  // everyone's have, and no product still reads the stage refilled next
-    const int next = it + kStages - 1;
-    if (next < w.key_tiles) loader.load_kv(smem, w.key_tiles - 1 - next, next % kStages);
-    pl::commit_copies();
-    if (tile >= w.wg_key_tiles) continue;  // every row of this warpgroup ends before this tile
-
-    compute_s(s_base, c.warpgroup, stage, s);
-    mask_causal(s, tile, w.wg_first_limit, c);
-    float alpha[2];
-    softmax.update(s, alpha);
-    std::uint32_t p_frag[kKeySteps][4];
-    mma::a_fragments_from_accumulator(s, p_frag);
-    rescale_o(o, alpha);
-    compute_pv(s_base, stage, p_frag, o);
+    const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
+    pl::wait(bars.full(stage_of(it)), phase_of(it));
+    pl::named_sync(kConsumerThreads, kTurn + me);
+    fence_o();
+    mma::fence();
+    issue_s(s_base, me, stage_of(it), s);
+    // At step 0, P is still 0: its "previous" tile is stage 0 (loaded, finite).
+    issue_pv(s_base, stage_of(it > 0 ? it - 1 : 0), p_frag, o);
+    mma::commit();
+    if (me == 0 || it + 1 < w.key_tiles) pl::named_arrive(kConsumerThreads, kTurn + other);
+    mma::wait<0>();
+    mma::fence_operands(s);
+    fence_o();
+    mma::fence_operands(p_frag);
+    if (it > 0) pl::arrive(bars.empty(stage_of(it - 1)));  // P V of the previous tile done: its stage is free
+    if (live) {
+      mask_causal(s, tile, w.wg_first_limit, c);
+      float alpha[2];
+      softmax.update(s, alpha);
+      rescale_o(o, alpha);
+      mma::a_fragments_from_accumulator(s, p_frag);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
+    }
   }
-  if (!w.wg_active) return;
-  store_output(p, w, c, softmax, o, smem);
+  // The last tile's P V, outside the turns.
+  if (w.key_tiles > 0) {
+    fence_o();
+    mma::fence();
+    issue_pv(s_base, stage_of(w.key_tiles - 1), p_frag, o);
+    mma::commit();
+    mma::wait<0>();
+    fence_o();
+    mma::fence_operands(p_frag);
+    pl::arrive(bars.empty(stage_of(w.key_tiles - 1)));
+  }
+  if (w.wg_active) store_output(p, w, c, softmax, o, smem);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const __grid_constant__ DenseMhaParams p) {
+  extern __shared__ __align__(1024) std::uint8_t smem_raw[];
+  std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
+  const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
+  if (threadIdx.x == 0) {
+    pl::init(bars.q_full(), kProducerThreads);
+    for (int st = 0; st < kStages; ++st) {
+      pl::init(bars.full(st), kProducerThreads);
+      pl::init(bars.empty(st), kConsumerThreads);
+    }
+    pl::fence_init();
+  }
+  __syncthreads();
+  const FragmentCoords c(threadIdx.x);
+  const BlockWork w(p, c.warpgroup < kWarpgroups ? c.warpgroup : 0);
+  if (c.warpgroup == kWarpgroups) {
+    pl::shrink_registers<kProducerRegs>();
+    produce(p, w, bars, smem);
+  } else {
+    pl::grow_registers<kConsumerRegs>();
+    consume(p, w, c, bars, smem);
+  }
+  // No warp exits while the consumers' named barriers are in use.
+  __syncthreads();
 }
 
 }  // namespace dsmla::cuda::dense_mha_detail

@@ -1,13 +1,7 @@
-// The dense kernel's per-tile work besides the softmax: cp.async loads of the
-// Q tile and of the K / V tiles into the swizzled stages, and the two
-// products S = Q K^T and O += P V.
-//
-// Pipeline per key tile (the loop in dense_mha_kernel.cuh): wait for this
-// thread's copies of the tile, make them visible to wgmma (cp.async writes
-// are generic-proxy, wgmma reads async-proxy), __syncthreads -> copy the next
-// tile into the stage the previous tile used (free: every product of the
-// previous tile has completed, each one is waited for) -> S = Q K^T -> mask +
-// online softmax -> O += P V with P from registers.
+// The dense kernel's per-tile work besides the softmax: the producer's
+// cp.async loads of the Q tile and of the K / V tiles into the swizzled
+// stages, and the consumers' products S = Q K^T and O += P V, issued
+// asynchronously (the kernel waits for them, dense_mha_kernel.cuh).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -22,9 +16,9 @@ namespace dsmla::cuda::dense_mha_detail {
 namespace pl = dsmla::cuda::pipeline;
 namespace mma = dsmla::cuda::wgmma;
 
-// The 16-byte chunks of Q / K / V this thread copies. A thread copies a fixed
-// column chunk of every 16th row (columns 0..127 of Q / K, and V) or of every
-// 32nd row (columns 128..191: q_pe / k_pe), so the swizzle term is the same
+// The 16-byte chunks of Q / K / V a producer thread copies. It copies a fixed
+// column chunk of every 8th row (columns 0..127 of Q / K, and V) or of every
+// 16th row (columns 128..191: q_pe / k_pe), so the swizzle term is the same
 // for all its rows and one row pointer serves K and V. Rows past q_len /
 // seq_len read the last valid row.
 class TileLoader {
@@ -83,9 +77,9 @@ class TileLoader {
 
  private:
   static constexpr int kWideChunks = kNope / 8;                // 16 chunks of a 128-column row
-  static constexpr int kWidePassRows = kThreads / kWideChunks;  // 16 rows per pass
-  static constexpr int kRopeChunks = (kQkDim - kNope) / 8;     // 8 chunks of the 64 rope columns
-  static constexpr int kRopePassRows = kThreads / kRopeChunks;  // 32 rows per pass
+  static constexpr int kWidePassRows = kProducerThreads / kWideChunks;  // 8 rows per pass
+  static constexpr int kRopeChunks = (kQkDim - kNope) / 8;             // 8 chunks of the 64 rope columns
+  static constexpr int kRopePassRows = kProducerThreads / kRopeChunks;  // 16 rows per pass
   static_assert(kNope == kVDim, "one row pointer and one destination serve k_nope and v");
   static_assert(kQueryTile % kRopePassRows == 0 && kKeyTile % kRopePassRows == 0 &&
                     kWgRows % kRopePassRows == 0 && kRopePassRows % kWidePassRows == 0,
@@ -105,27 +99,23 @@ class TileLoader {
   std::uint32_t wide_dst_, rope_dst_;  // swizzled offsets of the thread's chunks in its first row
 };
 
-// S = Q K^T of this warpgroup for the tile in `stage` (64 x kKeyTile):
+// Issues S = Q K^T of this warpgroup for the tile in `stage` (64 x kKeyTile):
 // 12 k16 steps, both operands K-major in shared memory; the first step
-// overwrites s. Complete on return.
-__device__ __forceinline__ void compute_s(std::uint32_t s_base, int warpgroup, int stage, float (&s)[kSRegs]) {
-  mma::fence();
+// overwrites s. The caller commits and waits.
+__device__ __forceinline__ void issue_s(std::uint32_t s_base, int warpgroup, int stage, float (&s)[kSRegs]) {
 #pragma unroll
   for (int ks = 0; ks < kQkDim / 16; ++ks) {
     const std::uint32_t k_off = (ks % 4) * 32;  // 16 columns = 32 bytes into the 128-byte row
     mma::mma_ss<mma::SS_64x128_KK>(mma::desc_k_major(s_base + q_block(warpgroup, ks / 4) + k_off),
                                    mma::desc_k_major(s_base + k_block(stage, ks / 4) + k_off), s, ks > 0);
   }
-  mma::commit();
-  mma::wait<0>();
-  mma::fence_operands(s);
 }
 
-// O += P V for the tile in `stage`: P as A fragments in registers, V MN-major
-// in shared memory, one m64n64 accumulator per V column block. Complete on return.
-__device__ __forceinline__ void compute_pv(std::uint32_t s_base, int stage, std::uint32_t (&p)[kKeySteps][4],
-                                           float (&o)[kOHalves][kOHalfRegs]) {
-  mma::fence();
+// Issues O += P V for the tile in `stage`: P as A fragments in registers, V
+// MN-major in shared memory, one m64n64 accumulator per V column block. The
+// caller commits and waits; P must stay in its registers until then.
+__device__ __forceinline__ void issue_pv(std::uint32_t s_base, int stage, const std::uint32_t (&p)[kKeySteps][4],
+                                         float (&o)[kOHalves][kOHalfRegs]) {
 #pragma unroll
   for (int kk = 0; kk < kKeySteps; ++kk) {
 #pragma unroll
@@ -136,11 +126,6 @@ __device__ __forceinline__ void compute_pv(std::uint32_t s_base, int stage, std:
       mma::mma_rs<mma::RS_64x64_KMN>(p[kk], mma::desc_mn_major(v, kKeyBlockBytes), o[h]);
     }
   }
-  mma::commit();
-  mma::wait<0>();
-#pragma unroll
-  for (int h = 0; h < kOHalves; ++h) mma::fence_operands(o[h]);
-  mma::fence_operands(p);  // P stays in its registers until the products that read it are done
 }
 
 }  // namespace dsmla::cuda::dense_mha_detail
