@@ -72,10 +72,12 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
   // every arrival on a turn barrier meets a sync.
   if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
   pl::wait(bars.q_full(), 0);
+  pl::fence_smem_for_mma();  // the producer's cp.async writes (generic proxy), read by wgmma (async proxy)
   for (int it = 0; it < w.key_tiles; ++it) {
     const int tile = w.key_tiles - 1 - it;
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
     pl::wait(bars.full(stage_of(it)), phase_of(it));
+    pl::fence_smem_for_mma();
     pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
