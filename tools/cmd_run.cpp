@@ -223,7 +223,9 @@ int run_main(int argc, char** argv) {
   bool passed = report.ok() && cache_diff == 0;
   if (c.indexer) {
     const IndexerHostView view{c.index_q.data(), c.index_weights.data(), ref.index_cache.data(), c.block_table};
-    const TopkCheckReport topk_report = check_topk_selection(reference.plan(), view, result.topk_indices);
+    // The CUDA backend's FP8 tensor-core logits need the magnitude term (topk_check.hpp).
+    const TopkTolerance topk_tol = backend == BackendKind::cuda ? cuda_backend_topk_tolerance() : TopkTolerance{};
+    const TopkCheckReport topk_report = check_topk_selection(reference.plan(), view, result.topk_indices, topk_tol);
     const std::int64_t index_diff =
         differing_cache_tokens(result.index_cache, ref.index_cache, c.block_size * index_cache_token_bytes(c.index_head_dim));
     std::printf("  %s\n  index_cache: %lld of %lld cache blocks differ\n", topk_report.summary().c_str(),

@@ -24,15 +24,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-// The backend computes the indexer logits on FP8 tensor cores (the wgmma kernel,
-// the default unless DSMLA_INDEXER_LOGITS=cuda_core). Hopper's FP8 MMA accumulates
-// with reduced precision (about 14 bits kept, DeepSeek-V3 report), so a logit
-// differs from float64 by up to ~5e-4 of its magnitude (sum over heads of
-// |w_h| * sum_d |q_d k_d| * scale), far more than 1e-5 of the logit: the
-// tolerance of tests/cuda/indexer_gpu_test.cpp (magnitude_tolerance()) for wgmma.
-// It also covers the CUDA-core kernel (4e-6 there).
-constexpr double kWgmmaLogitMagnitudeTol = 5e-4;
-
 struct Batch {
   const char* name;
   std::vector<int> seq_lens, query_lens;
@@ -103,10 +94,9 @@ TEST_P(IndexerGpu, SelectionsMatchTheReference) {
   const std::vector<std::uint8_t> got_cache = index_cache.download();
   ASSERT_EQ(got_cache, expected_cache) << b.name << ": index cache bytes differ from the host codec";
   const std::vector<std::int32_t> got = topk.download();
-  TopkTolerance tol;
-  tol.mag_tol = kWgmmaLogitMagnitudeTol;
-  const TopkCheckReport report = check_topk_selection(
-      plan, {c.index_q.data(), c.index_weights.data(), expected_cache.data(), c.block_table}, got, tol);
+  const TopkCheckReport report =
+      check_topk_selection(plan, {c.index_q.data(), c.index_weights.data(), expected_cache.data(), c.block_table},
+                           got, cuda_backend_topk_tolerance());
   EXPECT_TRUE(report.ok()) << b.name << ", " << heads << " heads, block " << block_size << ": " << report.summary();
 }
 

@@ -33,6 +33,19 @@ struct TopkTolerance {
   double mag_tol = 0;                 // of magnitude(p) + magnitude(k-th); needs the magnitudes
 };
 
+// The CUDA backend computes the indexer logits on FP8 tensor cores (the wgmma
+// kernel, the default unless DSMLA_INDEXER_LOGITS=cuda_core). Hopper's FP8 MMA
+// accumulates with reduced precision (about 14 bits kept, DeepSeek-V3 report),
+// so a logit differs from float64 by up to ~5e-4 of its magnitude, far more
+// than 1e-5 of the logit: the tolerance of tests/cuda/indexer_gpu_test.cpp
+// (magnitude_tolerance()) for wgmma. It also covers the CUDA-core kernel.
+inline constexpr double kFp8MmaLogitMagnitudeTol = 5e-4;
+inline TopkTolerance cuda_backend_topk_tolerance() {
+  TopkTolerance tol;
+  tol.mag_tol = kFp8MmaLogitMagnitudeTol;
+  return tol;
+}
+
 // The most exempt (near-threshold) disagreements one row may hold.
 inline int max_topk_exempt_disagreements(int topk) { return topk / 16 > 8 ? topk / 16 : 8; }
 
