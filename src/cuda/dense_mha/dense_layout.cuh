@@ -142,8 +142,11 @@ struct FragmentCoords {
 
 // One unit of work: a tile of query rows of one request, one head; and the
 // part of it that belongs to this thread's warpgroup. Units are numbered
-// item-major (unit = item * H + head), so that the schedule's
-// longest-first order of items holds for units too.
+// head-major (unit = head * items + item): the blocks of a grid that take
+// neighbouring units at the same time work on one head, so the query tiles
+// of a request read its K / V tiles while they are in L2 (a head's K / V of a
+// 1024-token request is 512 KiB; all heads' is 64 MiB, more than the L2),
+// and within a head the schedule's longest-first order holds.
 struct BlockWork {
   DenseMhaRequest req;
   int head;
@@ -156,9 +159,9 @@ struct BlockWork {
   int wg_key_tiles;    // key tiles any row of the warpgroup sees (0 when inactive)
 
   __device__ BlockWork(const DenseMhaParams& p, int unit, int warpgroup) {
-    const DenseMhaWorkItem item = p.work[unit / p.num_heads];
+    const DenseMhaWorkItem item = p.work[unit % p.num_work_items];
     req = p.requests[item.request];
-    head = unit % p.num_heads;
+    head = unit / p.num_work_items;
     m0 = item.q_tile_start;
     kv_len = req.ctx_len + req.q_len;
     key_tiles = (req.ctx_len + min(m0 + kQueryTile, req.q_len) - 1) / kKeyTile + 1;
