@@ -3,7 +3,8 @@
 #   memcheck   the cache / index kernels, the tiny dense and sparse batches, the CUDA-graph
 #              replay, and the bad-index cases (-1, the last valid position, positions at and
 #              beyond seq_len and beyond the whole cache, on the unchecked run());
-#   racecheck  the shared-memory kernels (sparse MLA, dense MHA, the index conversion's scan)
+#   racecheck  the shared-memory kernels (sparse MLA, dense MHA, the index conversion's scan,
+#              alone and inside the fused pre-attention kernel)
 #              on the tiny batches;
 #   synccheck  the same, for barrier misuse.
 # Exits non-zero when any tool reports an error or a test fails.
@@ -31,11 +32,11 @@ run() {
 }
 
 small='*GpuSanitizerSmall*'
-run memcheck test_gpu_cuda '*CacheWrite*:*ConvertTopk*'
+run memcheck test_gpu_cuda '*CacheWrite*:*ConvertTopk*:*PreAttention*'
 run memcheck test_gpu_backend "$small:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuCorner.ZeroLength*/fp8_ds_mla:*GpuVsCpuCorner.AllIndicesEmpty/bf16"
 run racecheck test_gpu_backend "$small"
 run synccheck test_gpu_backend "$small"
-run racecheck test_gpu_cuda '*ConvertTopk*topk100*'
+run racecheck test_gpu_cuda '*ConvertTopk*topk100*:*PreAttentionTest*fp8_ds_mla_compact*'
 # The warp-specialised sparse kernel (every cache format, H 64 / 128): few tokens (split-KV),
 # and more items than multiprocessors (persistent CTAs, producer running ahead).
 sparse_ws='*SparseMlaFewTokens*H64_topk128_*:*SparseMlaFewTokens*H128_topk2560_*'

@@ -4,7 +4,8 @@
 // 5e-4 of the logits' magnitudes, the FP8 tensor-core accumulation
 // (dsmla/testing/topk_check.hpp), over decode / mixed / long-prefill batches,
 // contexts up to 64K, 32 and 64 indexer heads and block sizes 16 to 128.
-// The attention outputs over those selections are covered by the matrix tests.
+// The attention outputs over those selections, and the latent cache, must equal
+// the CPU backend's given the same indices.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -98,6 +99,20 @@ TEST_P(IndexerGpu, SelectionsMatchTheReference) {
       check_topk_selection(plan, {c.index_q.data(), c.index_weights.data(), expected_cache.data(), c.block_table},
                            got, cuda_backend_topk_tolerance());
   EXPECT_TRUE(report.ok()) << b.name << ", " << heads << " heads, block " << block_size << ": " << report.summary();
+
+  // The attention over that selection equals the CPU backend's given the same
+  // indices, and the cache bytes are the same: with the indexer, run() writes the
+  // cache before the indexer and converts the indices after it.
+  Case selected = c;
+  selected.indexer = false;
+  selected.index_q.clear(), selected.index_weights.clear(), selected.index_k.clear(), selected.index_cache.clear();
+  selected.topk_indices = got;
+  const test::ForwardResult ref =
+      test::run_cpu_forward(selected, {.precision = CpuPrecision::float32, .threads = 0, .checked = true});
+  const CompareReport outputs =
+      compare_outputs(ref.out, ref.lse, out.download(), lse.download(), tolerance_for(c.cache_format), 16);
+  EXPECT_TRUE(outputs.ok()) << b.name << ": attention over the selection: " << outputs.summary();
+  EXPECT_TRUE(cache.download() == ref.kv_cache) << b.name << ": latent cache bytes differ from the CPU backend's";
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, IndexerGpu,

@@ -2,9 +2,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <string>
 
 #include "cuda/backend/backend_kernels.hpp"
+#include "cuda/cache/cache_write.cuh"
 #include "cuda/common/cuda_check.hpp"
 #include "dsmla/types.hpp"
 
@@ -27,13 +30,14 @@ constexpr int kConvertWarps = kConvertThreads / 32;
 constexpr int kItemsPerThread = 8;
 constexpr int kConvertChunk = kConvertThreads * kItemsPerThread;
 
-__global__ void __launch_bounds__(kConvertThreads) convert_topk_kernel(TopkConvertParams p) {
+// Sparse token i's row, by a whole block of kConvertThreads threads.
+__device__ void convert_topk_token(const TopkConvertParams& p, int i) {
   __shared__ int warp_totals[2][kConvertWarps];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const SparseTokenInfo info = p.tokens[blockIdx.x];
+  const SparseTokenInfo info = p.tokens[i];
   const std::int32_t* index_row = p.topk_indices + std::int64_t{info.row} * p.topk;
   const std::int32_t* block_row = p.block_table + std::int64_t{info.request} * p.max_blocks_per_request;
-  std::int32_t* slot_row = p.slots + std::int64_t{blockIdx.x} * p.topk;
+  std::int32_t* slot_row = p.slots + std::int64_t{i} * p.topk;
 
   int count = 0;  // valid entries written so far (the same in every thread)
   for (int base = 0, buffer = 0; base < p.topk; base += kConvertChunk, buffer ^= 1) {
@@ -80,11 +84,14 @@ __global__ void __launch_bounds__(kConvertThreads) convert_topk_kernel(TopkConve
     count += chunk_total;
   }
   for (int e = count + tid; e < p.topk; e += kConvertThreads) slot_row[e] = -1;
-  if (tid == 0) p.valid_counts[blockIdx.x] = count;
+  if (tid == 0) p.valid_counts[i] = count;
 }
 
 // ---------------------------------------------------------------- element-wise moves
-// Flat grid-stride loops over 16-byte vectors (8 bf16).
+// Flat grid-stride loops over 16-byte vectors (8 bf16), one vector per thread
+// and pass (a decode step's copies take one pass: all loads in flight at once).
+// The parts of the fused kernel loop over their own range of its blocks:
+// `block` = the block's index in that range, `blocks` = the range's size.
 constexpr int kMoveThreads = 256;
 constexpr int kVec = 8;  // bf16 per uint4
 
@@ -92,14 +99,13 @@ unsigned move_blocks(std::int64_t work) {
   return static_cast<unsigned>(std::min<std::int64_t>((work + kMoveThreads - 1) / kMoveThreads, 1 << 20));
 }
 
-__global__ void __launch_bounds__(kMoveThreads) prepare_sparse_query_kernel(SparseQueryPrepParams p) {
+__device__ void prepare_sparse_query(const SparseQueryPrepParams& p, std::int64_t block, std::int64_t blocks) {
   constexpr int kNopeVecs = kNopeDim / kVec, kRopeVecs = kRopeDim / kVec;
   const bool gather_nope = p.q_nope != nullptr;
   const int vecs = gather_nope ? kNopeVecs + kRopeVecs : kRopeVecs;
   const int first_vec = gather_nope ? 0 : kNopeVecs;
   const std::int64_t total = std::int64_t{p.num_tokens} * p.num_heads * vecs;
-  for (std::int64_t idx = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
-       idx += std::int64_t{gridDim.x} * blockDim.x) {
+  for (std::int64_t idx = block * kMoveThreads + threadIdx.x; idx < total; idx += blocks * kMoveThreads) {
     const std::int64_t pair = idx / vecs;  // i * H + h
     const int part = first_vec + static_cast<int>(idx % vecs);
     const int i = static_cast<int>(pair / p.num_heads), h = static_cast<int>(pair % p.num_heads);
@@ -109,6 +115,17 @@ __global__ void __launch_bounds__(kMoveThreads) prepare_sparse_query_kernel(Spar
       reinterpret_cast<uint4*>(p.q_nope + pair * kNopeDim)[part] = v;
     else
       reinterpret_cast<uint4*>(p.q_abs + pair * kLatentKeyDim + kLatentDim)[part - kNopeVecs] = v;
+  }
+}
+
+__device__ void fill_padding_rows(const PaddingRowsParams& p, std::int64_t block, std::int64_t blocks) {
+  const int vecs = p.num_heads * kVHeadDim / kVec;
+  const std::int64_t total = std::int64_t{p.num_rows} * vecs;
+  for (std::int64_t idx = block * kMoveThreads + threadIdx.x; idx < total; idx += blocks * kMoveThreads) {
+    const std::int64_t row = p.rows[idx / vecs];
+    const int v = static_cast<int>(idx % vecs);
+    reinterpret_cast<uint4*>(p.out + row * p.num_heads * kVHeadDim)[v] = make_uint4(0, 0, 0, 0);
+    if (v < p.num_heads) p.lse[row * p.num_heads + v] = -INFINITY;
   }
 }
 
@@ -124,32 +141,65 @@ __global__ void __launch_bounds__(kMoveThreads) scatter_rows_kernel(ScatterRowsP
   }
 }
 
-__global__ void __launch_bounds__(kMoveThreads) fill_padding_rows_kernel(PaddingRowsParams p) {
-  const int vecs = p.num_heads * kVHeadDim / kVec;
-  const std::int64_t total = std::int64_t{p.num_rows} * vecs;
-  for (std::int64_t idx = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
-       idx += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t row = p.rows[idx / vecs];
-    const int v = static_cast<int>(idx % vecs);
-    reinterpret_cast<uint4*>(p.out + row * p.num_heads * kVHeadDim)[v] = make_uint4(0, 0, 0, 0);
-    if (v < p.num_heads) p.lse[row * p.num_heads + v] = -INFINITY;
+// ---------------------------------------------------------------- the fused pre-attention kernel
+//
+// One grid whose blocks fall into consecutive ranges, one per part of
+// PreAttentionParams (a range is empty when its part is left out):
+//   convert  one block per sparse token (convert_topk_token)
+//   query    move_blocks(its vectors) blocks, grid-stride (prepare_sparse_query)
+//   cache    one block per two new tokens, 128 threads each (cache_write_token)
+//   padding  move_blocks(its vectors) blocks, grid-stride (fill_padding_rows)
+// The part is uniform over a block, so the conversion's __syncthreads is met by
+// every thread of its block, and the cache write's early return of a skipped
+// token leaves whole warps. The conversion comes first: it is the longest part
+// (two dependent memory latencies per chunk), and blocks start in index order.
+constexpr int kPreThreads = 256;
+static_assert(kPreThreads == kConvertThreads && kPreThreads == kMoveThreads,
+              "the parts' block sizes are the fused kernel's");
+constexpr int kCacheTokensPerBlock = kPreThreads / cache_write_detail::kThreadsPerToken;  // 2
+
+// Where each part's range begins (the conversion's at 0) and the grid ends.
+struct PreAttentionGrid {
+  int query_begin, cache_begin, padding_begin, end;
+};
+
+__global__ void __launch_bounds__(kPreThreads)
+    pre_attention_kernel(const __grid_constant__ PreAttentionParams p, const PreAttentionGrid g) {
+  const int b = blockIdx.x;
+  if (b < g.query_begin) {
+    convert_topk_token(p.convert, b);
+  } else if (b < g.cache_begin) {
+    prepare_sparse_query(p.query, b - g.query_begin, g.cache_begin - g.query_begin);
+  } else if (b < g.padding_begin) {
+    constexpr int kPerToken = cache_write_detail::kThreadsPerToken;
+    const int token = (b - g.cache_begin) * kCacheTokensPerBlock + static_cast<int>(threadIdx.x) / kPerToken;
+    if (token < p.cache.num_tokens) cache_write_token(p.cache, token, static_cast<int>(threadIdx.x) % kPerToken);
+  } else {
+    fill_padding_rows(p.padding, b - g.padding_begin, g.end - g.padding_begin);
   }
 }
 
 }  // namespace
 
-void launch_convert_topk(const TopkConvertParams& p, cudaStream_t stream) {
-  if (p.num_tokens <= 0 || p.topk <= 0) return;
-  convert_topk_kernel<<<p.num_tokens, kConvertThreads, 0, stream>>>(p);
-  check_launch("convert_topk_kernel");
-}
-
-void launch_prepare_sparse_query(const SparseQueryPrepParams& p, cudaStream_t stream) {
-  if (p.num_tokens <= 0) return;
-  const int vecs = (p.q_nope != nullptr ? kQkHeadDim : kRopeDim) / kVec;
-  prepare_sparse_query_kernel<<<move_blocks(std::int64_t{p.num_tokens} * p.num_heads * vecs), kMoveThreads, 0,
-                                stream>>>(p);
-  check_launch("prepare_sparse_query_kernel");
+void launch_pre_attention(const PreAttentionParams& p, cudaStream_t stream) {
+  const auto count = [](std::int64_t n) { return std::max<std::int64_t>(n, 0); };
+  const int query_vecs_per_head = (p.query.q_nope != nullptr ? kQkHeadDim : kRopeDim) / kVec;
+  const std::int64_t query_vecs = count(p.query.num_tokens) * count(p.query.num_heads) * query_vecs_per_head;
+  const std::int64_t padding_vecs = count(p.padding.num_rows) * count(p.padding.num_heads) * (kVHeadDim / kVec);
+  const std::int64_t convert_blocks = p.convert.topk > 0 ? count(p.convert.num_tokens) : 0;
+  const std::int64_t query_blocks = move_blocks(query_vecs);
+  const std::int64_t cache_blocks = (count(p.cache.num_tokens) + kCacheTokensPerBlock - 1) / kCacheTokensPerBlock;
+  const std::int64_t padding_blocks = move_blocks(padding_vecs);
+  const std::int64_t end = convert_blocks + query_blocks + cache_blocks + padding_blocks;
+  if (end == 0) return;
+  if (end > INT32_MAX)
+    throw Error("pre-attention kernel: " + std::to_string(end) + " blocks exceed the grid limit of 2^31 - 1");
+  const PreAttentionGrid g{.query_begin = static_cast<int>(convert_blocks),
+                           .cache_begin = static_cast<int>(convert_blocks + query_blocks),
+                           .padding_begin = static_cast<int>(convert_blocks + query_blocks + cache_blocks),
+                           .end = static_cast<int>(end)};
+  pre_attention_kernel<<<static_cast<unsigned>(end), kPreThreads, 0, stream>>>(p, g);
+  check_launch("pre_attention_kernel");
 }
 
 void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream) {
@@ -173,13 +223,6 @@ void launch_fill_topk_rows(const TopkFillParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0 || p.topk <= 0) return;
   fill_topk_rows_kernel<<<move_blocks(std::int64_t{p.num_tokens} * p.topk), kMoveThreads, 0, stream>>>(p);
   check_launch("fill_topk_rows_kernel");
-}
-
-void launch_fill_padding_rows(const PaddingRowsParams& p, cudaStream_t stream) {
-  if (p.num_rows <= 0) return;
-  fill_padding_rows_kernel<<<move_blocks(std::int64_t{p.num_rows} * p.num_heads * kVHeadDim / kVec),
-                             kMoveThreads, 0, stream>>>(p);
-  check_launch("fill_padding_rows_kernel");
 }
 
 }  // namespace dsmla::cuda

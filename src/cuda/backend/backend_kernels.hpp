@@ -1,10 +1,13 @@
 // The small kernels around the attention kernels in the CUDA backend's run():
-// top-k index conversion, sparse-query preparation, row scatter and padding
-// rows. Host-compilable header (bf16 as uint16_t).
+// the fused pre-attention kernel (cache write, padding rows, top-k index
+// conversion and sparse-query preparation in one launch), the row scatter and
+// the indexer's top-k fill. Host-compilable header (bf16 as uint16_t).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "cuda/cache/cache_kernels.hpp"
 
 namespace dsmla::cuda {
 
@@ -21,7 +24,7 @@ struct SparseTokenInfo {
 // entry pos of topk_indices[row_i] in [0, seq_len) whose block id lies in
 // [0, num_blocks), in the order of the input; the rest of the row is -1. Every
 // other value (-1 or bad input) is dropped, so no later kernel reads outside
-// the cache or the block table.
+// the cache or the block table. A part of PreAttentionParams.
 struct TopkConvertParams {
   const std::int32_t* topk_indices = nullptr;  // [T, topk] request-local positions
   int topk = 0;
@@ -34,12 +37,12 @@ struct TopkConvertParams {
   std::int32_t* slots = nullptr;               // [num_tokens, topk]
   std::int32_t* valid_counts = nullptr;        // [num_tokens]
 };
-void launch_convert_topk(const TopkConvertParams& p, cudaStream_t stream);
 
 // Prepares the absorbed query of the sparse tokens:
 //   q_abs[i, h, 512:576] = q_pe of row rows[i]           (the GEMM fills [0:512])
 //   q_nope[i, h, 0:128]  = q_nope of row rows[i]          (only when q_nope != null:
 //                          the tokens are scattered and the GEMM needs them compact)
+// A part of PreAttentionParams.
 struct SparseQueryPrepParams {
   const std::uint16_t* q = nullptr;        // [T, H, 192] bf16
   const SparseTokenInfo* tokens = nullptr; // [num_tokens]
@@ -48,7 +51,6 @@ struct SparseQueryPrepParams {
   std::uint16_t* q_nope = nullptr;         // [num_tokens, H, 128] bf16, or null
   std::uint16_t* q_abs = nullptr;          // [num_tokens, H, 576] bf16
 };
-void launch_prepare_sparse_query(const SparseQueryPrepParams& p, cudaStream_t stream);
 
 // out[tokens[i].row, :] = compact[i, :] for rows of `row_elems` bf16 values.
 struct ScatterRowsParams {
@@ -60,7 +62,8 @@ struct ScatterRowsParams {
 };
 void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream);
 
-// Padding rows: out[row, :] = 0 (H*128 values), lse[row, :] = -inf.
+// Padding rows: out[row, :] = 0 (H*128 values), lse[row, :] = -inf. A part of
+// PreAttentionParams.
 struct PaddingRowsParams {
   const std::int32_t* rows = nullptr;  // [num_rows]
   int num_rows = 0;
@@ -68,7 +71,28 @@ struct PaddingRowsParams {
   std::uint16_t* out = nullptr;        // [T, H*128] bf16
   float* lse = nullptr;                // [T, H]
 };
-void launch_fill_padding_rows(const PaddingRowsParams& p, cudaStream_t stream);
+
+// Everything run() does before the first GEMM, in one launch (a decode step is
+// latency bound: every launch saved is a few microseconds of a ~0.1 ms step;
+// backend NOTES.md, "Decode route"). Four independent parts, each left out when
+// its count is 0 (value-initialised params leave it out):
+//   cache   the cache write of every new token (cache/cache_kernels.hpp), num_tokens
+//   padding the padding rows, num_rows
+//   convert the top-k conversion of the sparse tokens, num_tokens
+//   query   the sparse tokens' query preparation, num_tokens
+// The parts read only tensors that none of them writes (kv_c, k_pe,
+// slot_mapping, the top-k rows, block_table, q) and write disjoint memory (the
+// cache; padding rows of out and lse; slots and valid counts; q_abs / q_nope),
+// so running them side by side gives what running them one after the other
+// gave. In particular nothing here reads the cache: the sparse kernel, which
+// reads the new tokens' slots, comes in a later launch.
+struct PreAttentionParams {
+  CacheWriteParams cache;
+  PaddingRowsParams padding;
+  TopkConvertParams convert;
+  SparseQueryPrepParams query;
+};
+void launch_pre_attention(const PreAttentionParams& p, cudaStream_t stream);
 
 // The rows of the indexer's top-k output that need no logits (DESIGN §6): for
 // every token t with fill_counts[t] >= 0, topk[t, j] = j < fill_counts[t] ? j : -1

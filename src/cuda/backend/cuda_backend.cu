@@ -6,15 +6,18 @@
 // forked from and joined to it, below) without host synchronisation or
 // allocation (so a decode step can be captured in a CUDA graph):
 //
-//   1. cache write of every new token (padding slots -1 skipped);
-//   1b. with PlanOptions::indexer (DESIGN §6): the index-cache write, then the top-k
-//       output (ForwardInputs::topk_indices_out, else ws_index_topk): rows that need no
-//       logits filled by launch_fill_topk_rows (0..pos for sparse tokens below topk, -1
-//       for dense and padding rows), the plan's indexer rows by launch_indexer_topk;
-//       the sparse path below then reads that output instead of topk_indices;
-//   2. padding rows: out = 0, lse = -inf;
+//   1. one pre-attention launch (launch_pre_attention): the cache write of every new
+//      token (padding slots -1 skipped), the padding rows (out = 0, lse = -inf) and,
+//      without the indexer, the sparse path's first step (3a below) as well;
+//   2. with PlanOptions::indexer (DESIGN §6): the index-cache write, then the top-k
+//      output (ForwardInputs::topk_indices_out, else ws_index_topk): rows that need no
+//      logits filled by launch_fill_topk_rows (0..pos for sparse tokens below topk, -1
+//      for dense and padding rows), the plan's indexer rows by launch_indexer_topk;
+//      the sparse path below then reads that output instead of topk_indices, and
+//      launches its step 3a itself;
 //   3. sparse path (decode + sparse prefill tokens):
-//        top-k -> compacted global slots + valid counts     (ws_sparse_slots)
+//        3a. top-k -> compacted global slots + valid counts (ws_sparse_slots), and
+//            q_pe (and, scattered, q_nope) copied next to where the GEMM puts q_lat
 //        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe], bf16; the
 //                                                             query is never quantised, whatever the format)
 //        launch_sparse_mla                                   (ws_sparse_o = o_lat)
@@ -44,7 +47,7 @@
 //
 // DSMLA_OVERLAP_PATHS=1 (read at construction; opt-in until measured, see
 // NOTES.md of cuda/backend): a batch with both paths runs the dense one on a
-// second stream, forked from the caller's after step 2 and joined back with
+// second stream, forked from the caller's after steps 1-2 and joined back with
 // events, with its own cuBLAS workspace; a captured graph records the fork
 // as two branches. The two paths touch disjoint workspace regions and
 // disjoint rows of out / lse.
@@ -105,6 +108,22 @@ void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// The plan's regions of the sparse path, for n = plan.sparse_tokens.size() tokens.
+struct SparseRegions {
+  std::uint16_t* q_abs;        // [n, H, 576]: [q_lat | q_pe]
+  std::uint16_t* o_lat;        // [n, H, 512]
+  std::int32_t* slots;         // [n, topk]
+  std::int32_t* valid_counts;  // [n], after the slots
+};
+
+SparseRegions sparse_regions(const Plan& plan, void* workspace) {
+  auto* slots = region<std::int32_t>(workspace, plan.ws_sparse_slots);
+  return {.q_abs = region<std::uint16_t>(workspace, plan.ws_sparse_q),
+          .o_lat = region<std::uint16_t>(workspace, plan.ws_sparse_o),
+          .slots = slots,
+          .valid_counts = slots + static_cast<std::int64_t>(plan.sparse_tokens.size()) * plan.options.topk};
+}
+
 // The backend's regions after the plan's layout; a size of 0 means unused.
 struct BackendRegions {
   WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes(n_sparse, H, topk)
@@ -161,6 +180,8 @@ class CudaBackend final : public BackendImpl {
   void run_indexer(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
   // The top-k rows the sparse path reads: the caller's, or the indexer's output.
   static const std::int32_t* sparse_topk(const Plan& plan, const ForwardInputs& in, void* workspace);
+  // The sparse path's parts of the pre-attention launch (step 3a), the others left out.
+  PreAttentionParams sparse_pre_attention(const Plan& plan, const ForwardInputs& in, void* workspace) const;
 
   // The cuBLAS calls that follow go to `stream` with `ws` (cublasSetStream
   // detaches the workspace, so both are set together).
@@ -308,24 +329,27 @@ void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace
   if (plan.num_tokens == 0) return;
   check_inputs(plan, in, workspace);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
-
-  launch_cache_write({.kv_c = in.kv_c,
-                      .k_pe = in.k_pe,
-                      .slot_mapping = in.slot_mapping,
-                      .num_tokens = plan.num_tokens,
-                      .kv_cache = in.kv_cache,
-                      .num_slots = plan.num_cache_slots,
-                      .format = plan.options.cache_format,
-                      .k_scale = in.k_scale},
-                     stream);
-  if (plan.options.indexer) run_indexer(plan, in, workspace, stream);
-  launch_fill_padding_rows({.rows = padding_rows_.data(),
-                            .num_rows = static_cast<int>(padding_rows_.size()),
-                            .num_heads = plan.options.num_heads,
-                            .out = in.out,
-                            .lse = in.lse},
-                           stream);
   const bool sparse = !plan.sparse_tokens.empty(), dense = !plan.dense_requests.empty();
+
+  // Steps 1 (and 3a) in one launch; with the indexer, 3a needs the indexer's
+  // output and comes in run_sparse.
+  PreAttentionParams pre =
+      sparse && !plan.options.indexer ? sparse_pre_attention(plan, in, workspace) : PreAttentionParams{};
+  pre.cache = {.kv_c = in.kv_c,
+               .k_pe = in.k_pe,
+               .slot_mapping = in.slot_mapping,
+               .num_tokens = plan.num_tokens,
+               .kv_cache = in.kv_cache,
+               .num_slots = plan.num_cache_slots,
+               .format = plan.options.cache_format,
+               .k_scale = in.k_scale};
+  pre.padding = {.rows = padding_rows_.data(),
+                 .num_rows = static_cast<int>(padding_rows_.size()),
+                 .num_heads = plan.options.num_heads,
+                 .out = in.out,
+                 .lse = in.lse};
+  launch_pre_attention(pre, stream);
+  if (plan.options.indexer) run_indexer(plan, in, workspace, stream);
   if (sparse && dense && overlap_) {
     PathOverlap& o = *overlap_;
     DSMLA_CUDA_CHECK(cudaEventRecord(o.fork.get(), stream));
@@ -351,39 +375,48 @@ void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace
   if (dense) run_dense(plan, in, workspace, stream);
 }
 
+PreAttentionParams CudaBackend::sparse_pre_attention(const Plan& plan, const ForwardInputs& in,
+                                                     void* workspace) const {
+  const SparseRegions r = sparse_regions(plan, workspace);
+  PreAttentionParams pre;
+  pre.convert = {.topk_indices = sparse_topk(plan, in, workspace),
+                 .topk = plan.options.topk,
+                 .tokens = sparse_tokens_.data(),
+                 .num_tokens = static_cast<int>(plan.sparse_tokens.size()),
+                 .block_table = in.block_table,
+                 .max_blocks_per_request = plan.max_blocks_per_request,
+                 .block_size = plan.block_size,
+                 .num_blocks = plan.num_cache_slots / plan.block_size,
+                 .slots = r.slots,
+                 .valid_counts = r.valid_counts};
+  // Scattered tokens: their q_nope rows, compacted for the absorption GEMM, go to
+  // o_lat, which is idle until the sparse kernel.
+  pre.query = {.q = in.q,
+               .tokens = sparse_tokens_.data(),
+               .num_tokens = static_cast<int>(plan.sparse_tokens.size()),
+               .num_heads = plan.options.num_heads,
+               .q_nope = sparse_contiguous_ ? nullptr : r.o_lat,
+               .q_abs = r.q_abs};
+  return pre;
+}
+
 void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
   const int n = static_cast<int>(plan.sparse_tokens.size());
   const int heads = plan.options.num_heads;
   const int topk = plan.options.topk;
-  auto* q_abs = region<std::uint16_t>(workspace, plan.ws_sparse_q);  // [n, H, 576]
-  auto* o_lat = region<std::uint16_t>(workspace, plan.ws_sparse_o);  // [n, H, 512]
-  auto* slots = region<std::int32_t>(workspace, plan.ws_sparse_slots);
-  std::int32_t* valid_counts = slots + std::int64_t{n} * topk;
+  const SparseRegions r = sparse_regions(plan, workspace);
+  std::uint16_t* q_abs = r.q_abs;
+  std::uint16_t* o_lat = r.o_lat;
 
-  launch_convert_topk({.topk_indices = sparse_topk(plan, in, workspace),
-                       .topk = topk,
-                       .tokens = sparse_tokens_.data(),
-                       .num_tokens = n,
-                       .block_table = in.block_table,
-                       .max_blocks_per_request = plan.max_blocks_per_request,
-                       .block_size = plan.block_size,
-                       .num_blocks = plan.num_cache_slots / plan.block_size,
-                       .slots = slots,
-                       .valid_counts = valid_counts},
-                      stream);
+  // Step 3a: run() left it out of its pre-attention launch when the indexer had to
+  // choose the top-k rows first.
+  if (plan.options.indexer) launch_pre_attention(sparse_pre_attention(plan, in, workspace), stream);
 
   // q_lat[i, h] = W_UK(h)^T q_nope[t_i, h]. Column-major per head: C (512 x n) = A (512 x 128) * B (128 x n),
   // with A = W_UK(h) read as its transpose (row-major [128, 512] = column-major 512 x 128, ld 512).
+  // Scattered tokens: B is the compact copy step 3a left in o_lat.
   const std::int64_t first_row = plan.sparse_tokens.front();
-  std::uint16_t* q_nope_compact = sparse_contiguous_ ? nullptr : o_lat;  // o_lat is idle until the sparse kernel
-  launch_prepare_sparse_query({.q = in.q,
-                               .tokens = sparse_tokens_.data(),
-                               .num_tokens = n,
-                               .num_heads = heads,
-                               .q_nope = q_nope_compact,
-                               .q_abs = q_abs},
-                              stream);
-  const std::uint16_t* q_nope = sparse_contiguous_ ? in.q + first_row * heads * kQkHeadDim : q_nope_compact;
+  const std::uint16_t* q_nope = sparse_contiguous_ ? in.q + first_row * heads * kQkHeadDim : o_lat;
   const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
   const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
   constexpr long long kWeightStride = static_cast<long long>(kKvBRowsPerHead) * kLatentDim;  // one head of w_kv_b
@@ -396,8 +429,8 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   sp.num_slots = plan.num_cache_slots;
   sp.format = plan.options.cache_format;
   sp.k_scale = in.k_scale;
-  sp.slots = slots;
-  sp.valid_counts = valid_counts;
+  sp.slots = r.slots;
+  sp.valid_counts = r.valid_counts;
   sp.num_tokens = n;
   sp.num_heads = heads;
   sp.topk = topk;
