@@ -2,13 +2,10 @@
 // kernel (dense_mha_kernel.cuh; DESIGN §2, short-prefill path).
 //
 // Work split
-//   A unit of work = one work item (kQueryTile query rows of one request) x
-//   one head. Persistent grid: one block per multiprocessor takes every
-//   gridDim.x-th unit (BlockWork). Three warpgroups, warp-specialised:
-//   warpgroup 2 (the producer) copies each unit's Q and its K / V tiles into
-//   a ring of kStages stages that runs on across units (cp.async, one
-//   mbarrier pair per stage), so the next unit's first tile loads while the
-//   consumers finish the current one; consumer
+//   One thread block = one work item (kQueryTile query rows of one request) x
+//   one head (grid = [work items, H]). Three warpgroups, warp-specialised:
+//   warpgroup 2 (the producer) copies Q once and the K / V tiles into a ring
+//   of kStages stages (cp.async, one mbarrier pair per stage); consumer
 //   warpgroup w (0, 1) owns query rows [64w, 64w + 64) of the tile for the
 //   whole key range, the softmax statistics of a row live in the 4 lanes of
 //   a quad.
@@ -94,7 +91,7 @@ inline constexpr int kStageBytes = kKBytes + kVBytes;
 inline constexpr int kSmemQ = 0;
 inline constexpr int kSmemStages = kSmemQ + kWarpgroups * kQWgBytes;
 inline constexpr int kSmemBars = kSmemStages + kStages * kStageBytes;  // 208 KiB of tiles, then the barriers
-inline constexpr int kNumBars = 2 + 2 * kStages;  // q_full, q_empty, full[kStages], empty[kStages]
+inline constexpr int kNumBars = 1 + 2 * kStages;                       // q_full, full[kStages], empty[kStages]
 inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr std::uint32_t kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
@@ -140,13 +137,8 @@ struct FragmentCoords {
   __device__ int row() const { return warp_in_wg * 16 + row_in_warp; }
 };
 
-// One unit of work: a tile of query rows of one request, one head; and the
-// part of it that belongs to this thread's warpgroup. Units are numbered
-// head-major (unit = head * items + item): the blocks of a grid that take
-// neighbouring units at the same time work on one head, so the query tiles
-// of a request read its K / V tiles while they are in L2 (a head's K / V of a
-// 1024-token request is 512 KiB; all heads' is 64 MiB, more than the L2),
-// and within a head the schedule's longest-first order holds.
+// What one block works on: a tile of query rows of one request, one head;
+// and the part of it that belongs to this thread's warpgroup.
 struct BlockWork {
   DenseMhaRequest req;
   int head;
@@ -158,10 +150,10 @@ struct BlockWork {
   int wg_first_limit;  // last key the warpgroup's first row sees
   int wg_key_tiles;    // key tiles any row of the warpgroup sees (0 when inactive)
 
-  __device__ BlockWork(const DenseMhaParams& p, int unit, int warpgroup) {
-    const DenseMhaWorkItem item = p.work[unit % p.num_work_items];
+  __device__ BlockWork(const DenseMhaParams& p, int warpgroup) {
+    const DenseMhaWorkItem item = p.work[blockIdx.x];
     req = p.requests[item.request];
-    head = unit / p.num_work_items;
+    head = blockIdx.y;
     m0 = item.q_tile_start;
     kv_len = req.ctx_len + req.q_len;
     key_tiles = (req.ctx_len + min(m0 + kQueryTile, req.q_len) - 1) / kKeyTile + 1;

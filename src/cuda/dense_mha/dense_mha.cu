@@ -4,8 +4,6 @@
 // work schedule (tile order): dense_mha_plan.cpp.
 #include "cuda/dense_mha/dense_mha.hpp"
 
-#include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -43,12 +41,8 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
 
   opt_in_shared_memory(reinterpret_cast<const void*>(dense_mha_detail::dense_mha_kernel), dense_mha_detail::kSmemBytes,
                        "dense MHA kernel");
-  // Persistent: one block per multiprocessor (the smem plan allows no more)
-  // over the work items x heads units.
-  const std::int64_t units = static_cast<std::int64_t>(p.num_work_items) * p.num_heads;
-  if (units > INT32_MAX) throw Error("launch_dense_mha: " + std::to_string(units) + " units of work exceed 2^31");
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(units, multiprocessor_count()));
-  dense_mha_detail::dense_mha_kernel<<<blocks, dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.num_work_items), static_cast<unsigned>(p.num_heads));
+  dense_mha_detail::dense_mha_kernel<<<grid, dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p);
   check_launch("dense MHA kernel");
 }
 

@@ -14,7 +14,7 @@
 
 namespace dsmla::cuda {
 
-// Query rows per work item (a unit of the persistent kernel is a work item x one head).
+// Query rows per work item (one thread block per work item and head).
 inline constexpr int kDenseMhaQueryTile = 128;
 // Key rows per pipeline stage inside the kernel.
 inline constexpr int kDenseMhaKeyTile = 128;

@@ -15,129 +15,107 @@ namespace dsmla::cuda::dense_mha_detail {
 
 struct Barriers {
   pl::Mbarrier* base;
-  __device__ pl::Mbarrier* q_full() const { return base; }       // the producer's Q copies landed
-  __device__ pl::Mbarrier* q_empty() const { return base + 1; }  // both consumers done with sQ (epilogue too)
-  __device__ pl::Mbarrier* full(int stage) const { return base + 2 + stage; }            // K / V copies landed
-  __device__ pl::Mbarrier* empty(int stage) const { return base + 2 + kStages + stage; }  // both consumers done
+  __device__ pl::Mbarrier* q_full() const { return base; }
+  __device__ pl::Mbarrier* full(int stage) const { return base + 1 + stage; }   // the producer's copies landed
+  __device__ pl::Mbarrier* empty(int stage) const { return base + 1 + kStages + stage; }  // both consumers done
 };
 
-// Key tile `step` of the ring (counted over all units of the block) lives in
-// stage step % kStages, in that stage's use step / kStages.
-__device__ __forceinline__ int stage_of(int step) { return step % kStages; }
-__device__ __forceinline__ int phase_of(int step) { return (step / kStages) & 1; }
+// Step `it` of the block's key loop reads tile key_tiles - 1 - it from stage
+// it % kStages, in that stage's use (it / kStages).
+__device__ __forceinline__ int stage_of(int it) { return it % kStages; }
+__device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
 
-// Units of work of this block: every gridDim.x-th one.
-__device__ __forceinline__ int total_units(const DenseMhaParams& p) { return p.num_work_items * p.num_heads; }
-
-// Warpgroup 2: for every unit, its first key tile, then Q (sQ is free only
-// once the previous unit's epilogue is done with it), then its other tiles,
-// each into the next stage of the ring. Unit u's step `it` reads tile
-// key_tiles - 1 - it (from the causal diagonal down).
-__device__ __forceinline__ void produce(const DenseMhaParams& p, const Barriers& bars, std::uint8_t* smem) {
-  const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;
-  int step = 0;
-  for (int unit = blockIdx.x, n = 0; unit < total_units(p); unit += gridDim.x, ++n) {
-    const BlockWork w(p, unit, 0);
-    const TileLoader loader(tid, p, w);
-    for (int it = 0; it < w.key_tiles; ++it, ++step) {
-      pl::wait(bars.empty(stage_of(step)), phase_of(step) ^ 1);
-      loader.load_kv(smem, w.key_tiles - 1 - it, stage_of(step));
-      pl::arrive_on_copies(bars.full(stage_of(step)));
-      if (it == 0) {
-        pl::wait(bars.q_empty(), (n & 1) ^ 1);
-        loader.load_q(smem);
-        pl::arrive_on_copies(bars.q_full());
-      }
-    }
+// Warpgroup 2: Q once, then every key tile of the block into the ring.
+__device__ __forceinline__ void produce(const DenseMhaParams& p, const BlockWork& w, const Barriers& bars,
+                                        std::uint8_t* smem) {
+  const TileLoader loader(static_cast<int>(threadIdx.x) - kConsumerThreads, p, w);
+  loader.load_q(smem);
+  pl::arrive_on_copies(bars.q_full());
+  for (int it = 0; it < w.key_tiles; ++it) {
+    pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
+    loader.load_kv(smem, w.key_tiles - 1 - it, stage_of(it));
+    pl::arrive_on_copies(bars.full(stage_of(it)));
   }
 }
 
-// Consumer warpgroup c.warpgroup: its 64 rows of every unit of the block
-// over every key tile of the unit. Step it issues S_it and
-// O += P_{it-1} V_{it-1} in its turn, then does the softmax of S_it while the
-// other consumer's products run. A tile past all of the warpgroup's rows (or
-// any tile, for a warpgroup with no rows) still has its products issued, with
-// P = 0: a branch around them would make ptxas serialise every wgmma of the
-// loop (C7520), and such tiles are rare (at most one per unit, and none when
-// ctx_len and the tile are multiples of 128).
-__device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
-                                        std::uint8_t* smem) {
+// Consumer warpgroup c.warpgroup: its 64 rows over every key tile of the
+// block. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn, then
+// does the softmax of S_it while the other consumer's products run. A tile
+// past all of the warpgroup's rows (or any tile, for a warpgroup with no
+// rows) still has its products issued, with P = 0: a branch around them
+// would make ptxas serialise every wgmma of the loop (C7520), and such tiles
+// are rare (at most one per block, and none when ctx_len and the tile are
+// multiples of 128).
+__device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
+                                        const Barriers& bars, std::uint8_t* smem) {
   const std::uint32_t s_base = pl::smem_addr(smem);
   const int me = c.warpgroup, other = 1 - c.warpgroup;
   float o[kOHalves][kOHalfRegs];
+  float s[kSRegs];  // S of the step, then its P (as fp32 until packed)
   std::uint32_t p_frag[kKeySteps][4];  // P of the previous step, the A operand of its P V
+#pragma unroll
+  for (int i = 0; i < kOHalfRegs; ++i) o[0][i] = o[1][i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kKeySteps; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
+  OnlineSoftmax softmax(p.softmax_scale);
   auto fence_o = [&] {
 #pragma unroll
     for (int h = 0; h < kOHalves; ++h) mma::fence_operands(o[h]);
   };
-  int step = 0;  // the ring position of the unit's first tile
-  for (int unit = blockIdx.x, n = 0; unit < total_units(p); unit += gridDim.x, ++n) {
-    const BlockWork w(p, unit, me);
-    // S of the step, then its P (as fp32 until packed). Defined per unit: the
-    // products read it as an operand (and overwrite it), so a value carried
-    // over from the last unit would stay live through the epilogue (which
-    // then spills: 152 bytes at 240 registers).
-    float s[kSRegs];
-#pragma unroll
-    for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < kOHalfRegs; ++i) o[0][i] = o[1][i] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
-    OnlineSoftmax softmax(p.softmax_scale);
 
-    // Consumer 0 goes first: consumer 1 opens its turn. Each turn ends by
-    // opening the other's; the last turn of consumer 1 opens none, so that
-    // every arrival on a turn barrier meets a sync within the unit.
-    if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
-    pl::wait(bars.q_full(), n & 1);
-    pl::fence_smem_for_mma();  // cp.async writes (generic proxy), read by wgmma (async proxy)
-    for (int it = 0; it < w.key_tiles; ++it) {
-      const int tile = w.key_tiles - 1 - it;
-      const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
-      pl::wait(bars.full(stage_of(step + it)), phase_of(step + it));
-      pl::fence_smem_for_mma();
-      pl::named_sync(kConsumerThreads, kTurn + me);
-      fence_o();
-      mma::fence();
-      issue_s(s_base, me, stage_of(step + it), s);
-      // At step 0, P is still 0: its "previous" tile is this one (loaded, finite).
-      issue_pv(s_base, stage_of(step + (it > 0 ? it - 1 : 0)), p_frag, o);
-      mma::commit();
-      if (me == 0 || it + 1 < w.key_tiles) pl::named_arrive(kConsumerThreads, kTurn + other);
-      mma::wait<0>();
-      mma::fence_operands(s);
-      fence_o();
-      mma::fence_operands(p_frag);
-      if (it > 0) pl::arrive(bars.empty(stage_of(step + it - 1)));  // the previous tile's P V is done
-      if (live) {
-        mask_causal(s, tile, w.wg_first_limit, c);
-        float alpha[2];
-        softmax.update(s, alpha);
-        rescale_o(o, alpha);
-        mma::a_fragments_from_accumulator(s, p_frag);
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < kKeySteps; ++kk)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
-      }
-    }
-    // The last tile's P V, outside the turns (key_tiles >= 1: a unit has rows).
-    step += w.key_tiles;
+  // Consumer 0 goes first: consumer 1 opens its turn. Each turn ends by
+  // opening the other's; the last turn of consumer 1 opens none, so that
+  // every arrival on a turn barrier meets a sync.
+  if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  pl::wait(bars.q_full(), 0);
+  pl::fence_smem_for_mma();  // the producer's cp.async writes (generic proxy), read by wgmma (async proxy)
+  for (int it = 0; it < w.key_tiles; ++it) {
+    const int tile = w.key_tiles - 1 - it;
+    const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
+    pl::wait(bars.full(stage_of(it)), phase_of(it));
+    pl::fence_smem_for_mma();
+    pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
-    issue_pv(s_base, stage_of(step - 1), p_frag, o);
+    issue_s(s_base, me, stage_of(it), s);
+    // At step 0, P is still 0: its "previous" tile is stage 0 (loaded, finite).
+    issue_pv(s_base, stage_of(it > 0 ? it - 1 : 0), p_frag, o);
+    mma::commit();
+    if (me == 0 || it + 1 < w.key_tiles) pl::named_arrive(kConsumerThreads, kTurn + other);
+    mma::wait<0>();
+    mma::fence_operands(s);
+    fence_o();
+    mma::fence_operands(p_frag);
+    if (it > 0) pl::arrive(bars.empty(stage_of(it - 1)));  // P V of the previous tile done: its stage is free
+    if (live) {
+      mask_causal(s, tile, w.wg_first_limit, c);
+      float alpha[2];
+      softmax.update(s, alpha);
+      rescale_o(o, alpha);
+      mma::a_fragments_from_accumulator(s, p_frag);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
+    }
+  }
+  // The last tile's P V, outside the turns.
+  if (w.key_tiles > 0) {
+    fence_o();
+    mma::fence();
+    issue_pv(s_base, stage_of(w.key_tiles - 1), p_frag, o);
     mma::commit();
     mma::wait<0>();
     fence_o();
     mma::fence_operands(p_frag);
-    pl::arrive(bars.empty(stage_of(step - 1)));
-    if (w.wg_active) store_output(p, w, c, softmax, o, smem);
-    pl::arrive(bars.q_empty());  // its sQ (read by S, then the epilogue's staging) is free
+    pl::arrive(bars.empty(stage_of(w.key_tiles - 1)));
   }
+  if (w.wg_active) store_output(p, w, c, softmax, o, smem);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const __grid_constant__ DenseMhaParams p) {
@@ -146,7 +124,6 @@ __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const __grid_con
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
     pl::init(bars.q_full(), kProducerThreads);
-    pl::init(bars.q_empty(), kConsumerThreads);
     for (int st = 0; st < kStages; ++st) {
       pl::init(bars.full(st), kProducerThreads);
       pl::init(bars.empty(st), kConsumerThreads);
@@ -155,12 +132,13 @@ __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const __grid_con
   }
   __syncthreads();
   const FragmentCoords c(threadIdx.x);
+  const BlockWork w(p, c.warpgroup < kWarpgroups ? c.warpgroup : 0);
   if (c.warpgroup == kWarpgroups) {
     pl::shrink_registers<kProducerRegs>();
-    produce(p, bars, smem);
+    produce(p, w, bars, smem);
   } else {
     pl::grow_registers<kConsumerRegs>();
-    consume(p, c, bars, smem);
+    consume(p, w, c, bars, smem);
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();

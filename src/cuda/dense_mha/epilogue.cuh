@@ -22,19 +22,13 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
   constexpr int kOutRowBytes = kVDim * 2;
   constexpr int kOutChunks = kOutRowBytes / 16;  // 16-byte chunks of an output row
   const int num_heads = p.num_heads;
-  // The thread's coordinates, opaque to the compiler here: the staging
-  // offsets below depend on nothing else, and in the persistent kernel the
-  // compiler would otherwise compute them once before the loop over units and
-  // keep them all live through the main loop (consumer spills).
-  int lane = c.lane, row_in_warp = c.row_in_warp, col_pair = c.col_pair;
-  asm volatile("" : "+r"(lane), "+r"(row_in_warp), "+r"(col_pair));
   float inv_sum[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float total = sm::quad_sum(softmax.row_sum[r]);
     inv_sum[r] = total > 0.f ? 1.f / total : 0.f;
     const int row = w.wg_row0 + c.row() + 8 * r;
-    if (col_pair == 0 && row < w.req.q_len) {
+    if (c.col_pair == 0 && row < w.req.q_len) {
       const float lse = total > 0.f ? softmax.row_max[r] * p.softmax_scale + logf(total) : -INFINITY;
       p.lse[(static_cast<std::int64_t>(w.req.q_start) + row) * num_heads + w.head] = lse;
     }
@@ -48,7 +42,7 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
       for (int r = 0; r < 2; ++r) {
         const std::uint32_t v =
             sm::pack_bf16x2(o[h][nb * 4 + 2 * r] * inv_sum[r], o[h][nb * 4 + 2 * r + 1] * inv_sum[r]);
-        const std::uint32_t at = swizzled<kOutRowBytes>(row_in_warp + 8 * r, h * 8 + nb) + col_pair * 4;
+        const std::uint32_t at = swizzled<kOutRowBytes>(c.row_in_warp + 8 * r, h * 8 + nb) + c.col_pair * 4;
         *reinterpret_cast<std::uint32_t*>(staged + at) = v;
       }
     }
@@ -58,7 +52,7 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
   __nv_bfloat16* out_head = p.out + static_cast<std::int64_t>(w.req.q_start) * out_row_stride + w.head * kVDim;
 #pragma unroll
   for (int i = 0; i < 16 * kOutChunks / 32; ++i) {
-    const int idx = lane + i * 32;
+    const int idx = c.lane + i * 32;
     const int row = idx / kOutChunks;
     const int chunk = idx % kOutChunks;
     const int q_row = w.wg_row0 + c.warp_in_wg * 16 + row;

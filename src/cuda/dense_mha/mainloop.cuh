@@ -20,9 +20,7 @@ namespace mma = dsmla::cuda::wgmma;
 // column chunk of every 8th row (columns 0..127 of Q / K, and V) or of every
 // 16th row (columns 128..191: q_pe / k_pe), so the swizzle term is the same
 // for all its rows and one row pointer serves K and V. Rows past q_len /
-// seq_len read the last valid row. The pass loops stay rolled (unroll 1):
-// unrolled, their address arithmetic is kept live across the persistent
-// producer's loop and spills at its 40 registers.
+// seq_len read the last valid row.
 class TileLoader {
  public:
   __device__ TileLoader(int tid, const DenseMhaParams& p, const BlockWork& w)
@@ -41,14 +39,14 @@ class TileLoader {
   __device__ __forceinline__ void load_q(std::uint8_t* smem) const {
     constexpr int kWidePassesPerWg = kWgRows / kWidePassRows;
     constexpr int kRopePassesPerWg = kWgRows / kRopePassRows;
-#pragma unroll 1
+#pragma unroll
     for (int pass = 0; pass < kQueryTile / kWidePassRows; ++pass) {
       const int row = wide_row0_ + pass * kWidePassRows;
       const std::uint32_t dst = q_block(pass / kWidePassesPerWg, wide_chunk_ / 8) +
                                 (pass % kWidePassesPerWg) * kWidePassRows * kRowBytes + wide_dst_;
       pl::copy_16(smem + dst, q_row(row) + wide_chunk_ * 8);
     }
-#pragma unroll 1
+#pragma unroll
     for (int pass = 0; pass < kQueryTile / kRopePassRows; ++pass) {
       const int row = rope_row0_ + pass * kRopePassRows;
       const std::uint32_t dst = q_block(pass / kRopePassesPerWg, kQkBlocks - 1) +
@@ -61,7 +59,7 @@ class TileLoader {
   // and v from kv_up, k_pe from the latent rows.
   __device__ __forceinline__ void load_kv(std::uint8_t* smem, int tile, int stage) const {
     const std::uint32_t wide_block = (wide_chunk_ / 8) * kKeyBlockBytes;  // K and V blocks have the same size
-#pragma unroll 1
+#pragma unroll
     for (int pass = 0; pass < kKeyTile / kWidePassRows; ++pass) {
       const int pos = min(tile * kKeyTile + wide_row0_ + pass * kWidePassRows, kv_len_ - 1);
       const __nv_bfloat16* src = kv_head_ + pos * kv_row_stride_ + wide_chunk_ * 8;
@@ -69,7 +67,7 @@ class TileLoader {
       pl::copy_16(smem + k_block(stage, 0) + off, src);          // k_nope
       pl::copy_16(smem + v_block(stage, 0) + off, src + kNope);  // v
     }
-#pragma unroll 1
+#pragma unroll
     for (int pass = 0; pass < kKeyTile / kRopePassRows; ++pass) {
       const std::int64_t pos = min(tile * kKeyTile + rope_row0_ + pass * kRopePassRows, kv_len_ - 1);
       const __nv_bfloat16* src = latent_req_ + pos * kLatentKeyDim + rope_chunk_ * 8;
