@@ -161,6 +161,13 @@ __device__ __forceinline__ void store_remote_16(void* dst, const uint4& v, Mbarr
   ::cuda::ptx::st_async(static_cast<std::uint32_t*>(dst), words, bar);
 }
 
+// Registers per thread a launch of `threads` threads per CTA (one CTA per SM)
+// gives every warp: 65536 / threads, rounded down to the allocation granule
+// of 8. setmaxnreg only moves registers within that pool, so the warpgroups'
+// budgets must sum to at most threads * this (a warpgroup asking for more
+// than the others released waits in setmaxnreg.inc forever).
+__host__ __device__ constexpr int register_pool_per_thread(int threads) { return (65536 / threads) / 8 * 8; }
+
 template <int kRegs>
 __device__ __forceinline__ void grow_registers() { cutlass::arch::warpgroup_reg_alloc<kRegs>(); }
 template <int kRegs>

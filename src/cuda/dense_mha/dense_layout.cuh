@@ -17,7 +17,7 @@
 //   (a tile past all of a warpgroup's rows is fully masked for it) so that
 //   they can take turns at the tensor cores.
 //
-// Ping-pong (mainloop.cuh): each consumer issues the products of one step,
+// Ping-pong (dense_mha_kernel.cuh): each consumer issues the products of one step,
 // S_j = Q K_j^T and O += P_{j-1} V_{j-1}, as one batch in its turn, then does
 // the softmax of S_j while the other consumer's batch runs, so the tensor
 // cores are not idle during the softmax. The turns are two named barriers.
@@ -43,6 +43,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/common/pipeline.cuh"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
 
@@ -62,12 +63,11 @@ inline constexpr int kProducerThreads = 128;
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
 inline constexpr int kWgRows = kQueryTile / kWarpgroups;  // 64 = wgmma M
 static_assert(kWgRows == 64);
-// setmaxnreg budget: the launch gives every thread kLaunchRegs (65536 / 384,
-// rounded down to the granule of 8) and the warpgroups may only trade them.
-inline constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168
+// setmaxnreg budget within the launch's pool (168 per thread at 384 threads).
 inline constexpr int kConsumerRegs = 232;
 inline constexpr int kProducerRegs = 40;
-static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kThreads * kLaunchRegs);
+static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <=
+              kThreads * pipeline::register_pool_per_thread(kThreads));
 
 // Accumulators per thread (wgmma order, src/cuda/common/wgmma.cuh).
 inline constexpr int kSRegs = kKeyTile / 2;  // S: m64 x kKeyTile

@@ -31,27 +31,26 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/common/pipeline.cuh"
 #include "cuda/common/wgmma.cuh"
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
 inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-// setmaxnreg moves registers within the CTA's pool, which the launch sizes at
-// kLaunchRegs per thread (65536 / 384 threads, rounded down to the allocation
-// granule of 8): a warpgroup asking for more than the others released waits in
-// setmaxnreg.inc forever. A bf16 producer only issues cp.async; an fp8 one
+// setmaxnreg moves registers within the CTA's pool
+// (pipeline::register_pool_per_thread: 168 at 384 threads). A bf16 producer
+// only issues cp.async; an fp8 one
 // holds a half's codes in registers (head_rows_gather.cuh), paid for with 16
 // consumer registers (at 208 / 88 the fp8_ds_mla producer spills 40 bytes, fp8
 // 4; at 200 / 104 both spill 36 bytes).
-inline constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // 168
 template <bool kFp8>
 inline constexpr int kConsumerRegs = kFp8 ? 208 : 224;
 template <bool kFp8>
 inline constexpr int kProducerRegs = kFp8 ? 88 : 56;
 template <bool kFp8>
 inline constexpr bool kRegisterBudgetFits =
-    2 * 128 * kConsumerRegs<kFp8> + 128 * kProducerRegs<kFp8> <= kThreads * kLaunchRegs;
+    2 * 128 * kConsumerRegs<kFp8> + 128 * kProducerRegs<kFp8> <= kThreads * pipeline::register_pool_per_thread(kThreads);
 static_assert(kRegisterBudgetFits<true> && kRegisterBudgetFits<false>);
 inline constexpr int kRows = 64;                         // heads per CTA (wgmma M)
 inline constexpr int kBlockKeys = 64;
