@@ -58,6 +58,11 @@ if [ -n "${BENCH:-}" ]; then
     >"$OUT/bench.log" 2>&1 \
     || { status=1; echo "BENCH FAILED"; }
   grep -E "^mixed|ERROR" "$OUT/bench.log" | tail -8
+  # Issue 7's peer stack on the same mixed batch (FlashMLA + torch bmm, per-batch routing), with dsmla / peer.
+  A=$(mktemp -d); python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/dev/null 2>&1
+  PYTHONPATH=$A timeout 120 python3 bench/peer_stack_mixed.py --dsmla "$OUT/bench.json" --json "$OUT/peer_stack.json" \
+    --md "$OUT/peer_stack.md" >"$OUT/peer_stack.log" 2>&1 || { status=1; echo "PEER STACK FAILED"; tail -3 "$OUT/peer_stack.log"; }
+  [ -f "$OUT/peer_stack.md" ] && cat "$OUT/peer_stack.md"
 fi
 # CALIBRATE=1: the routing calibration (dsmla bench --calibrate), its grid and plot.
 if [ -n "${CALIBRATE:-}" ]; then
