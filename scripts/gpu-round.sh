@@ -6,6 +6,10 @@
 # background while the tests run. Every log is packed into $OUT/logs.tgz (the
 # device returns at most 8 files); ratios.md and env.txt stay beside it.
 # Usage: [BENCH=1|--quick] [CALIBRATE=1] scripts/gpu-round.sh [FILTER] [AB_CUDA_FLAGS]
+# Duration (2026-12-02): 492 s without BENCH / CALIBRATE, most of it the backend
+# IndexerGpu cases (float64 host references) and the overlap racecheck; a device
+# call stops at 600 s, so with BENCH=1 pass a narrower FILTER (or TEST_TIMEOUT).
+# The build alone takes about 60 s, `dsmla bench` about 10 s.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
