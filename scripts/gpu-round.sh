@@ -53,6 +53,11 @@ for tool in racecheck memcheck; do
   esac
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/overlap_$tool.log" | tail -1
 done
+# The opt-in paired fp8 kernel (DSMLA_SPARSE_PAIRED=1, H 128) stays tested.
+echo "== DSMLA_SPARSE_PAIRED=1"
+DSMLA_SPARSE_PAIRED=1 timeout 120 build-gpu/tests/test_gpu_cuda --gtest_filter='*SparseMla*H128*' --gtest_brief=1 \
+  >"$OUT/paired_tests.log" 2>&1 || { status=1; echo "PAIRED TESTS FAILED"; }
+grep -E "PASSED|FAILED" "$OUT/paired_tests.log" | tail -3
 if [ -n "$ab" ]; then scripts/gpu-ab.sh "$ab" || status=1; fi
 # BENCH=1 (or BENCH=--quick): dsmla bench, its routes, kernels and the mixed serving batch.
 if [ -n "${BENCH:-}" ]; then
