@@ -1,16 +1,27 @@
-// Device-side e4m3fn conversions: the cache writer's, which match
+// Device-side e4m3fn conversions: the cache writers', which match
 // src/format/format.cpp bit for bit (DESIGN §4: the cache bytes written on the
-// GPU must equal the host's), and the sparse kernels' dequantisation to bf16.
-// Included by .cu files only.
+// GPU must equal the host's), the bf16 unpacking they start from, and the
+// sparse kernels' dequantisation to bf16. Included by .cu files only.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "cuda/common/softmax.cuh"
 
 namespace dsmla::cuda {
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits) { return __uint_as_float(bits << 16); }
+
+// Four bf16 packed in a uint2 -> four floats.
+__device__ __forceinline__ void unpack_bf16x4(uint2 raw, float v[4]) {
+  v[0] = bf16_bits_to_float(raw.x & 0xffffu);
+  v[1] = bf16_bits_to_float(raw.x >> 16);
+  v[2] = bf16_bits_to_float(raw.y & 0xffffu);
+  v[3] = bf16_bits_to_float(raw.y >> 16);
+}
 
 // Shift right by `shift` (1..31) bits, rounding to nearest, ties to even.
 __device__ __forceinline__ std::uint32_t shift_right_rne(std::uint32_t value, unsigned shift) {
@@ -41,6 +52,33 @@ __device__ __forceinline__ std::uint8_t float_to_e4m3(float x) {
   if (exponent <= 116) return static_cast<std::uint8_t>(sign);  // |x| < 2^-10 rounds to 0
   const std::uint32_t significand = (magnitude & 0x7fffffu) | 0x800000u;
   return static_cast<std::uint8_t>(sign | shift_right_rne(significand, 141u - exponent));
+}
+
+// e4m3 of v[k] / scale (a true division, as the host writer does), packed little-endian.
+// A NaN value is passed through undivided: the GPU's division returns the canonical
+// (positive) NaN, the host's keeps the operand's sign, and the stored code keeps it too.
+// (An infinity in a scaled tile makes the scale infinite and inf / inf a NaN whose
+// sign is the host CPU's choice; such bytes are not compared.)
+__device__ __forceinline__ std::uint32_t quantize_e4m3x4(const float v[4], float scale) {
+  std::uint32_t packed = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float q = isnan(v[k]) ? v[k] : __fdiv_rn(v[k], scale);
+    packed |= static_cast<std::uint32_t>(float_to_e4m3(q)) << (8 * k);
+  }
+  return packed;
+}
+
+// The e4m3 scale of a tile held 4 values per lane by a whole warp (128
+// values): max(amax / 448, FLT_MIN), the host writer's formula. fmaxf ignores
+// NaN, like the host's std::fmax, so a NaN value never poisons the scale.
+__device__ __forceinline__ float warp_e4m3_scale(const float v[4]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) amax = fmaxf(amax, fabsf(v[k]));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  return fmaxf(__fdiv_rn(amax, 448.f), FLT_MIN);
 }
 
 // e4m3fn -> float, exact (0x7f / 0xff are NaN).

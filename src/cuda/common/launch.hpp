@@ -2,8 +2,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -12,22 +12,36 @@
 
 namespace dsmla::cuda {
 
-// Opts `kernel` into `bytes` of dynamic shared memory per block on the
-// current device. The attribute belongs to the device's context, so it is set
-// once per (kernel, device) and cached; safe during graph capture.
-inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kernel_name) {
+// compute() for `kernel` on the current device, once: later calls with the
+// same kernel and device return the first result (each call site keeps its
+// own cache). For launch properties that belong to the device's context and
+// stay fixed, so they are host work once, not on every launch; safe during
+// graph capture.
+template <class Compute>
+int once_per_kernel_and_device(const void* kernel, Compute&& compute) {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> done;
+  static std::map<std::pair<const void*, int>, int> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (done.count({kernel, device}) != 0) return;
-  const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (status != cudaSuccess) {
-    throw Error(std::string(kernel_name) + ": cannot get " + std::to_string(bytes) +
-                " bytes of shared memory per block (needs sm_90): " + cudaGetErrorString(status));
-  }
-  done.insert({kernel, device});
+  const auto it = known.find({kernel, device});
+  if (it != known.end()) return it->second;
+  const int value = compute();
+  known.emplace(std::pair{kernel, device}, value);
+  return value;
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory per block on the
+// current device (once per kernel and device).
+inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kernel_name) {
+  once_per_kernel_and_device(kernel, [&] {
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (status != cudaSuccess) {
+      throw Error(std::string(kernel_name) + ": cannot get " + std::to_string(bytes) +
+                  " bytes of shared memory per block (needs sm_90): " + cudaGetErrorString(status));
+    }
+    return bytes;
+  });
 }
 
 // Multiprocessors of the current device.

@@ -57,10 +57,13 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
   for (int i = 0; i < kOHalfRegs; ++i) o[0][i] = o[1][i] = 0.f;
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
+  auto zero_p = [&] {
 #pragma unroll
-  for (int kk = 0; kk < kKeySteps; ++kk)
+    for (int kk = 0; kk < kKeySteps; ++kk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
+      for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
+  };
+  zero_p();
   OnlineSoftmax softmax(p.softmax_scale);
   auto fence_o = [&] {
 #pragma unroll
@@ -98,10 +101,7 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
       rescale_o(o, alpha);
       mma::a_fragments_from_accumulator(s, p_frag);
     } else {
-#pragma unroll
-      for (int kk = 0; kk < kKeySteps; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
+      zero_p();
     }
   }
   // The last tile's P V, outside the turns.

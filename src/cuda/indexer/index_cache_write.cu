@@ -8,11 +8,11 @@
 // amax is one warp reduction. No shared memory, no block-level barrier: a warp
 // whose slot is out of range returns on its own.
 //
-// Quantisation exactly as the latent cache writer (cache_write.cu) and the host
-// codec: s = max(amax / 448, FLT_MIN) with amax = fmax over |k| (NaN ignored),
-// codes = e4m3(k / s) by a true (correctly rounded) division, round to nearest
-// even, finite overflow saturates to +-448, NaN passes through undivided.
-#include <cfloat>
+// Quantisation exactly as the latent cache writer (the same cuda/common/fp8.cuh
+// functions) and the host codec: s = max(amax / 448, FLT_MIN) with
+// amax = fmax over |k| (NaN ignored), codes = e4m3(k / s) by a true
+// (correctly rounded) division, round to nearest even, finite overflow
+// saturates to +-448, NaN passes through undivided.
 #include <cstdint>
 #include <string>
 
@@ -29,8 +29,6 @@ constexpr int kIndexHeadDim = 128;
 constexpr int kTokensPerBlock = 4;
 constexpr int kThreads = 32 * kTokensPerBlock;
 
-__device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits) { return __uint_as_float(bits << 16); }
-
 __global__ void __launch_bounds__(kThreads) index_cache_write_kernel(IndexCacheWriteParams p) {
   const int lane = threadIdx.x & 31;
   const int token = blockIdx.x * kTokensPerBlock + static_cast<int>(threadIdx.x >> 5);
@@ -41,24 +39,10 @@ __global__ void __launch_bounds__(kThreads) index_cache_write_kernel(IndexCacheW
 
   const uint2 raw = reinterpret_cast<const uint2*>(p.index_k + std::int64_t{token} * kIndexHeadDim)[lane];
   float v[4];
-  v[0] = bf16_bits_to_float(raw.x & 0xffffu);
-  v[1] = bf16_bits_to_float(raw.x >> 16);
-  v[2] = bf16_bits_to_float(raw.y & 0xffffu);
-  v[3] = bf16_bits_to_float(raw.y >> 16);
+  unpack_bf16x4(raw, v);
 
-  float amax = 0.f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) amax = fmaxf(amax, fabsf(v[k]));
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float scale = fmaxf(__fdiv_rn(amax, 448.f), FLT_MIN);
-
-  std::uint32_t packed = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float q = isnan(v[k]) ? v[k] : __fdiv_rn(v[k], scale);
-    packed |= static_cast<std::uint32_t>(float_to_e4m3(q)) << (8 * k);
-  }
+  const float scale = warp_e4m3_scale(v);
+  const std::uint32_t packed = quantize_e4m3x4(v, scale);
 
   // The layout's offsets from dsmla/format.hpp (constexpr, so usable here).
   reinterpret_cast<std::uint32_t*>(p.index_cache + index_code_offset(slot, p.block_size, kIndexHeadDim))[lane] = packed;

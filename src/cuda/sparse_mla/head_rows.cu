@@ -2,10 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
-#include <utility>
 
 #include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/head_rows_kernel.cuh"
@@ -15,24 +12,6 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
 
-// Clusters of two of the paired kernel that fit on the device at once (one
-// CTA per multiprocessor; the GPCs decide how many pairs there are), cached
-// per (kernel, device).
-int max_active_pairs(const void* kernel, const cudaLaunchConfig_t& config) {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find({kernel, device});
-  if (it != known.end()) return it->second;
-  int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), "cudaOccupancyMaxActiveClusters");
-  if (clusters <= 0) throw Error("sparse MLA kernel: no cluster of two CTAs fits on this device");
-  known[{kernel, device}] = clusters;
-  return clusters;
-}
-
 template <CacheFormat F, bool kPaired>
 void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
@@ -41,25 +20,32 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
   cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(std::min(items, sm_count)));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
   // Only the paired kernel is a cluster launch (sparse_mla/NOTES.md, v14: the
   // unpaired kernel launched with a cluster dimension of 1 ran slower).
-  config.attrs = &cluster;
-  config.numAttrs = kPaired ? 1 : 0;
-  std::int64_t ctas = std::min(items, sm_count);
+  cudaLaunchAttribute cluster = {};
   if constexpr (kPaired) {
-    config.gridDim = dim3(2);
-    const std::int64_t pairs = max_active_pairs(reinterpret_cast<const void*>(kernel), config);
-    ctas = 2 * std::min(items / 2, std::min(pairs, sm_count / 2));
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    // Clusters of two that fit at once (one CTA per multiprocessor; the GPCs
+    // decide how many pairs there are).
+    const std::int64_t pairs = once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
+      cudaLaunchConfig_t probe = config;
+      probe.gridDim = dim3(2);
+      int clusters = 0;
+      check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe), "cudaOccupancyMaxActiveClusters");
+      if (clusters <= 0) throw Error("sparse MLA kernel: no cluster of two CTAs fits on this device");
+      return clusters;
+    });
+    config.gridDim = dim3(static_cast<unsigned>(2 * std::min(items / 2, std::min(pairs, sm_count / 2))));
   }
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
   KernelArgs kernel_args = args;  // cudaLaunchKernelEx takes the arguments' addresses as void*
   check_cuda(cudaLaunchKernelEx(&config, kernel, kernel_args), "sparse MLA kernel launch");
 }

@@ -176,12 +176,11 @@ struct KeyGather {
       }
       pl::arrive_on_copies(full);
     }
+    pl::Mbarrier* peer_full = nullptr;  // the peer's copy of `full`: the same index of its barrier array
+    if constexpr (kPaired) peer_full = peer.bars + (full - reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars));
     auto put = [&](int r, int chunk, const uint4& v) {
       pl::store_shared_16(base + tile_offset(r, chunk), v);
-      if constexpr (kPaired) {  // the peer's copy of `full` sits at the same index of its barrier array
-        pl::Mbarrier* peer_full = peer.bars + (full - reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars));
-        pl::store_remote_16(peer.smem + tile + tile_offset(r, chunk), v, peer_full);
-      }
+      if constexpr (kPaired) pl::store_remote_16(peer.smem + tile + tile_offset(r, chunk), v, peer_full);
     };
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {

@@ -10,6 +10,13 @@
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
+// Every thread of the CTA, or paired, of both CTAs of the cluster.
+template <bool kPaired>
+__device__ __forceinline__ void sync_all() {
+  if constexpr (kPaired) pl::cluster_sync();
+  else __syncthreads();
+}
+
 // kPaired: launched in clusters of two CTAs that share the dequantisation of
 // every key block (fp8 caches, an even number of head blocks; head_rows_layout.cuh).
 template <CacheFormat F, bool kPaired>
@@ -35,8 +42,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   }
   // Paired, the peer arrives on these barriers and writes this tile: both
   // CTAs' barriers are initialised before either starts.
-  if constexpr (kPaired) pl::cluster_sync();
-  else __syncthreads();
+  sync_all<kPaired>();
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
     pl::shrink_registers<kProducerRegs<kFp8>>();
@@ -58,8 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   // warp of the CTA has exited while the consumers' named barriers are in
   // use. Paired, no CTA exits while its peer may still write into it or
   // arrive on its barriers.
-  if constexpr (kPaired) pl::cluster_sync();
-  else __syncthreads();
+  sync_all<kPaired>();
 }
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows

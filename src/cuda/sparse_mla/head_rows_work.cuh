@@ -66,13 +66,6 @@ inline __device__ int num_items(const KernelArgs& a) {
   return a.p.num_tokens * head_blocks(a.p.num_heads) * a.num_splits;
 }
 
-// The items a CTA visits, in order: positions start, start + stride, ... below
-// `count`, and item(pos) the item at a position. Alone (kPaired false) a CTA
-// takes every gridDim.x-th item. Paired, the two CTAs of a cluster take the
-// two head blocks of one (token, head-block pair, split) together (the key
-// gathers they share, head_rows_layout.cuh): positions number the pairs, and
-// rank r takes head block 2 j + r of pair j. Both CTAs of a cluster see the
-// same tokens and splits, hence the same rounds, in the same order.
 // Rank of this CTA in its cluster of two (paired kernel). The launch makes
 // clusters of two consecutive CTAs of a 1-D grid, so it is blockIdx.x % 2 —
 // computed so rather than read from %cluster_ctarank, because ptxas knows
@@ -81,6 +74,13 @@ inline __device__ int num_items(const KernelArgs& a) {
 // ptxas serialises the wgmma products around them (C7520).
 __device__ __forceinline__ int pair_rank() { return static_cast<int>(blockIdx.x & 1u); }
 
+// The items a CTA visits, in order: positions start, start + stride, ... below
+// `count`, and item(pos) the item at a position. Alone (kPaired false) a CTA
+// takes every gridDim.x-th item. Paired, the two CTAs of a cluster take the
+// two head blocks of one (token, head-block pair, split) together (the key
+// gathers they share, head_rows_layout.cuh): positions number the pairs, and
+// rank r takes head block 2 j + r of pair j. Both CTAs of a cluster see the
+// same tokens and splits, hence the same rounds, in the same order.
 template <bool kPaired>
 struct Schedule {
   int start, stride, count, rank, splits;
