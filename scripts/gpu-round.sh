@@ -59,20 +59,8 @@ DSMLA_SPARSE_PAIRED=1 timeout 120 build-gpu/tests/test_gpu_cuda --gtest_filter='
   >"$OUT/paired_tests.log" 2>&1 || { status=1; echo "PAIRED TESTS FAILED"; }
 grep -E "PASSED|FAILED" "$OUT/paired_tests.log" | tail -3
 if [ -n "$ab" ]; then scripts/gpu-ab.sh "$ab" || status=1; fi
-# BENCH=1 (or BENCH=--quick): dsmla bench, its routes, kernels and the mixed serving batch.
-if [ -n "${BENCH:-}" ]; then
-  echo "== dsmla bench ${BENCH#1}"
-  anchors=(); [ -f "$OUT/anchors.json" ] && anchors=(--anchors "$OUT/anchors.json")  # this call's anchors
-  timeout 400 build-gpu/dsmla bench ${BENCH#1} ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
-    >"$OUT/bench.log" 2>&1 \
-    || { status=1; echo "BENCH FAILED"; }
-  grep -E "^mixed|ERROR" "$OUT/bench.log" | tail -8
-  # Issue 7's peer stack on the same mixed batch (FlashMLA + torch bmm, per-batch routing), with dsmla / peer.
-  A=$(mktemp -d); python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/dev/null 2>&1
-  PYTHONPATH=$A timeout 120 python3 bench/peer_stack_mixed.py --dsmla "$OUT/bench.json" --json "$OUT/peer_stack.json" \
-    --md "$OUT/peer_stack.md" >"$OUT/peer_stack.log" 2>&1 || { status=1; echo "PEER STACK FAILED"; tail -3 "$OUT/peer_stack.log"; }
-  [ -f "$OUT/peer_stack.md" ] && cat "$OUT/peer_stack.md"
-fi
+# BENCH=1 (or BENCH=--quick): dsmla bench and the peer stack (scripts/gpu-bench.sh).
+if [ -n "${BENCH:-}" ]; then scripts/gpu-bench.sh "${BENCH#1}" || status=1; fi
 # CALIBRATE=1: the routing calibration (dsmla bench --calibrate), its grid and plot.
 if [ -n "${CALIBRATE:-}" ]; then
   echo "== calibration"
