@@ -132,6 +132,11 @@ class DeviceCase {
     out_.upload();
     lse_.upload();
     cache_.upload();
+    // cudaMemcpy from pageable memory may return before its DMA has landed, and the
+    // runs below go to a non-blocking stream that does not wait for the legacy
+    // stream: without this wait the cache reset could land after run()'s cache
+    // write (seen once, 2026-12-02: one slot of a graph replay held the old token).
+    check_cuda(cudaDeviceSynchronize(), "uploads");
   }
 
   ForwardInputs inputs(const Case& c) {
