@@ -34,6 +34,7 @@
 #include "dsmla/attention.hpp"
 #include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
+#include "plan/latent_staging.hpp"
 #include "support/test_support.hpp"
 
 namespace dsmla {
@@ -443,6 +444,58 @@ INSTANTIATE_TEST_SUITE_P(Caches, GpuVsCpuCorner, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return std::string(kCaches[info.param].name); });
 
 // ---------------------------------------------------------------- tiny batches for the sanitizers
+
+// ---------------------------------------------------------------- latent staging
+
+// Sparse prefills over an fp8 cache read a bf16 copy of their latent rows
+// (plan/latent_staging.hpp); decodes keep dequantising in the kernel.
+class GpuLatentStaging : public ::testing::TestWithParam<int /*cache*/> {};
+
+// The staged rows hold bf16(e4m3 * scale), the values the kernel's own
+// dequantisation gives, so a prefill batch returns the same bits staged or not
+// (DSMLA_STAGE_LATENT=0, read when the backend is built, turns staging off).
+TEST_P(GpuLatentStaging, SameBitsAsDequantisingInTheKernel) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  SyntheticSpec spec = make_spec(kCaches[GetParam()], 64, 32, 128);
+  spec.seq_lens = {700, 300, 600};
+  spec.query_lens = {700, 300, 100};
+  spec.policy = RoutingPolicy::force_sparse;
+  spec.seed = 300 + GetParam();
+  const Case c = make_synthetic_case(spec);
+  {
+    Attention attention(BackendKind::cuda, c.plan_options());
+    const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
+    ASSERT_EQ(staging.rows, 700 + 300 + 600) << "every request of this batch is staged";
+  }
+  const test::ForwardResult staged = expect_matches_cpu(c, "staged");
+  ASSERT_EQ(setenv("DSMLA_STAGE_LATENT", "0", 1), 0);
+  const test::ForwardResult in_kernel = run_gpu_forward(c);
+  unsetenv("DSMLA_STAGE_LATENT");
+  EXPECT_TRUE(staged.out == in_kernel.out) << "out differs between staged and in-kernel dequantisation";
+  EXPECT_TRUE(staged.lse == in_kernel.lse) << "lse differs between staged and in-kernel dequantisation";
+}
+
+// Staged prefills between unstaged decodes: the backend orders the unstaged
+// tokens first, so the output goes through the compact rows and the scatter.
+TEST_P(GpuLatentStaging, InterleavedWithDecodes) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  SyntheticSpec spec = make_spec(kCaches[GetParam()], 32, 16, 128);
+  spec.seq_lens = {900, 600, 300, 764, 1};
+  spec.query_lens = {1, 600, 1, 64, 1};
+  spec.policy = RoutingPolicy::force_sparse;
+  spec.padding_tokens = 3;
+  spec.seed = 400 + GetParam();
+  const Case c = make_synthetic_case(spec);
+  {
+    Attention attention(BackendKind::cuda, c.plan_options());
+    const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
+    ASSERT_EQ(staging.row_base, (std::vector<std::int32_t>{-1, 0, -1, 600, -1}));
+  }
+  expect_matches_cpu(c, "staged prefills between decodes");
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, GpuLatentStaging, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return std::string(kCaches[info.param].name); });
 
 class GpuSanitizerSmall : public ::testing::TestWithParam<int /*cache*/> {};
 

@@ -3,7 +3,7 @@
 //   ConvertTopkTest   its index conversion alone: top-k request-local positions ->
 //                     compacted global slots + valid counts (DESIGN §3), with bad
 //                     entries (beyond seq_len, < -1, huge) and block ids outside the
-//                     cache dropped;
+//                     cache dropped, staged tokens mapped to their staged rows;
 //   PreAttentionTest  every part in one launch, as the decode route runs it: the
 //                     cache bytes equal the host writer's (write_cache_token; padding
 //                     and out-of-range slots untouched), padding rows zeroed with
@@ -58,9 +58,12 @@ ConvertProblem make_convert_problem(int topk, int block_size) {
   c.block_table[2 * c.max_blocks + 1] = c.num_blocks;  // request 2: its second block lies outside the cache
   c.block_table[2 * c.max_blocks + 2] = -3;            // and its third has a negative id
 
+  // Requests 2 and 3 read staged latent rows (plan/latent_staging.hpp): their slots
+  // are stage_base + position, their bad block ids still drop the entry.
+  const std::vector<std::int32_t> stage_base = {-1, -1, 5000, 7, -1};
   for (int r = 0; r < num_requests; ++r)
     for (int k = 0; k < 3; ++k)
-      c.tokens.push_back({static_cast<std::int32_t>(2 * c.tokens.size() + 1), r, seq_lens[r], 0});
+      c.tokens.push_back({static_cast<std::int32_t>(2 * c.tokens.size() + 1), r, seq_lens[r], stage_base[r]});
   c.num_rows = static_cast<int>(2 * c.tokens.size() + 1);
 
   c.topk_indices.assign(static_cast<std::size_t>(c.num_rows) * topk, 12345);
@@ -89,7 +92,8 @@ ConvertProblem make_convert_problem(int topk, int block_size) {
       if (p < 0 || p >= info.seq_len) continue;
       const std::int32_t block = c.block_table[info.request * c.max_blocks + p / block_size];
       if (block < 0 || block >= c.num_blocks) continue;
-      c.want_slots[i * topk + c.want_counts[i]++] = block * block_size + p % block_size;
+      c.want_slots[i * topk + c.want_counts[i]++] =
+          info.stage_base >= 0 ? info.stage_base + p : block * block_size + p % block_size;
     }
   }
   return c;

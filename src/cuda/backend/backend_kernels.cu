@@ -56,7 +56,8 @@ __device__ void convert_topk_token(const TopkConvertParams& p, int i) {
       if (position[k] >= 0 && position[k] < info.seq_len) {
         const std::int32_t block = block_row[position[k] / p.block_size];
         if (block >= 0 && block < p.num_blocks) {
-          slot[k] = block * p.block_size + position[k] % p.block_size;  // < 2^31 (planner)
+          slot[k] = info.stage_base >= 0 ? info.stage_base + position[k]  // < kMaxStagedRows
+                                         : block * p.block_size + position[k] % p.block_size;  // < 2^31 (planner)
           ++valid;
         }
       }

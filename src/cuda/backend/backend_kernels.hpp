@@ -16,13 +16,15 @@ struct SparseTokenInfo {
   std::int32_t row;      // token row in q / topk_indices / out
   std::int32_t request;  // row of block_table
   std::int32_t seq_len;  // valid request-local positions are [0, seq_len)
-  std::int32_t pad;
+  std::int32_t stage_base;  // >= 0: position p is read from staged row stage_base + p
+                            // (plan/latent_staging.hpp); -1: from the cache
 };
 
 // DESIGN §3 index conversion on the device: for sparse token i,
 // slots[i, 0:valid_counts[i]] = block_table[r][pos / B] * B + pos % B for every
 // entry pos of topk_indices[row_i] in [0, seq_len) whose block id lies in
-// [0, num_blocks), in the order of the input; the rest of the row is -1. Every
+// [0, num_blocks), in the order of the input (for a staged token, the staged row
+// stage_base + pos instead, under the same conditions); the rest of the row is -1. Every
 // other value (-1 or bad input) is dropped, so no later kernel reads outside
 // the cache or the block table. A part of PreAttentionParams.
 struct TopkConvertParams {

@@ -18,9 +18,13 @@
 //   3. sparse path (decode + sparse prefill tokens):
 //        3a. top-k -> compacted global slots + valid counts (ws_sparse_slots), and
 //            q_pe (and, scattered, q_nope) copied next to where the GEMM puts q_lat
+//        fp8 caches: the staged requests' latent rows dequantised once to bf16
+//            (plan/latent_staging.hpp; the backend's latent_stage region)
 //        q absorption, one strided-batched GEMM over heads  (ws_sparse_q = [q_lat | q_pe], bf16; the
 //                                                             query is never quantised, whatever the format)
-//        launch_sparse_mla                                   (ws_sparse_o = o_lat)
+//        launch_sparse_mla                                   (ws_sparse_o = o_lat): the unstaged tokens
+//                                                             over the cache, then the staged ones over
+//                                                             their bf16 rows
 //        output up-projection, one strided-batched GEMM      (out, or compact then scatter)
 //   4. dense path (short prefills):
 //        gather + dequantise the latent rows                 (ws_dense_latent)
@@ -34,10 +38,19 @@
 // after the sparse kernel has consumed it. When the sparse tokens form one
 // contiguous range, the GEMMs read q and write out in place through strides.
 //
+// The backend keeps the sparse tokens in its own order: the unstaged tokens
+// first, then the staged ones (each in plan order), so each kernel launch of
+// step 3 covers one contiguous range of the sparse rows of q_abs, o_lat and
+// the slots; lse and out are addressed through the token rows.
+//
 // Workspace: the regions of the plan (Plan::ws_*), then regions of the
 // backend's own, 256-byte aligned (see BackendRegions): the split-KV scratch of
 // the sparse kernel, whose size depends on the device's multiprocessor count
-// that the host-only planner cannot know, and the indexer kernels' scratch.
+// that the host-only planner cannot know, the staged latent rows, and the
+// indexer kernels' scratch.
+//
+// DSMLA_STAGE_LATENT=0 (read at construction) turns the staging off: every
+// sparse token then dequantises in the kernel (for A/B measurements).
 //
 // The cuBLAS handle and its 32 MiB workspace are created at construction; the
 // workspace is re-attached on every run because cublasSetStream resets it,
@@ -55,6 +68,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -72,6 +86,7 @@
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
+#include "plan/latent_staging.hpp"
 
 namespace dsmla {
 namespace cuda {
@@ -124,14 +139,38 @@ SparseRegions sparse_regions(const Plan& plan, void* workspace) {
           .valid_counts = slots + static_cast<std::int64_t>(plan.sparse_tokens.size()) * plan.options.topk};
 }
 
+// The sparse tokens' order in the backend (see the top of the file): the
+// indices into plan.sparse_tokens of the unstaged tokens, then of the staged.
+struct SparseOrder {
+  LatentStaging staging;
+  std::vector<std::size_t> order;
+  std::size_t unstaged = 0;  // order[0, unstaged) are unstaged
+};
+
+SparseOrder sparse_order(const Plan& plan, bool stage_latent) {
+  SparseOrder o;
+  o.staging = stage_latent ? plan_latent_staging(plan) : LatentStaging{};
+  o.staging.row_base.resize(static_cast<std::size_t>(plan.num_requests), -1);
+  const auto staged = [&](std::size_t i) {
+    return o.staging.row_base[plan.token_request[plan.sparse_tokens[i]]] >= 0;
+  };
+  for (std::size_t i = 0; i < plan.sparse_tokens.size(); ++i)
+    if (!staged(i)) o.order.push_back(i);
+  o.unstaged = o.order.size();
+  for (std::size_t i = 0; i < plan.sparse_tokens.size(); ++i)
+    if (staged(i)) o.order.push_back(i);
+  return o;
+}
+
 // The backend's regions after the plan's layout; a size of 0 means unused.
 struct BackendRegions {
-  WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes(n_sparse, H, topk)
+  WorkspaceRegion sparse_split;  // sparse_mla_workspace_bytes for the larger of the two sparse launches
+  WorkspaceRegion latent_stage;  // [staged rows, 576] bf16
   WorkspaceRegion indexer;       // indexer_workspace_bytes(rows, max_pos, Hi, topk)
   std::size_t total_bytes = 0;   // the whole workspace run() needs
 };
 
-BackendRegions backend_regions(const Plan& plan) {
+BackendRegions backend_regions(const Plan& plan, const SparseOrder& sparse) {
   BackendRegions r;
   std::size_t end = plan.workspace_bytes;
   auto place = [&end](WorkspaceRegion& region, std::size_t bytes) {
@@ -139,9 +178,12 @@ BackendRegions backend_regions(const Plan& plan) {
     region = {align_up(end), bytes};
     end = region.offset + bytes;
   };
+  const auto split_bytes = [&](std::size_t n) {
+    return sparse_mla_workspace_bytes(static_cast<int>(n), plan.options.num_heads, plan.options.topk);
+  };
   const std::size_t n = plan.sparse_tokens.size();
-  if (n > 0)
-    place(r.sparse_split, sparse_mla_workspace_bytes(static_cast<int>(n), plan.options.num_heads, plan.options.topk));
+  if (n > 0) place(r.sparse_split, std::max(split_bytes(sparse.unstaged), split_bytes(n - sparse.unstaged)));
+  place(r.latent_stage, static_cast<std::size_t>(sparse.staging.rows) * kLatentKeyDim * 2);
   if (!plan.indexer_rows.empty())
     place(r.indexer, indexer_workspace_bytes(static_cast<int>(plan.indexer_rows.size()), plan.max_indexer_pos,
                                              plan.options.index_num_heads, plan.options.topk));
@@ -155,6 +197,8 @@ class CudaBackend final : public BackendImpl {
     DSMLA_CUBLAS_CHECK(cublasCreate(&cublas_));
     try {
       cublas_workspace_.resize(kCublasWorkspaceBytes);
+      const char* stage = std::getenv("DSMLA_STAGE_LATENT");
+      stage_latent_ = stage == nullptr || std::strcmp(stage, "0") != 0;
       const char* overlap = std::getenv("DSMLA_OVERLAP_PATHS");
       if (overlap != nullptr && std::strcmp(overlap, "1") == 0) {
         overlap_ = std::make_unique<PathOverlap>();
@@ -170,7 +214,9 @@ class CudaBackend final : public BackendImpl {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   void on_plan(const Plan& plan) override;
-  std::size_t workspace_bytes(const Plan& plan) const override { return backend_regions(plan).total_bytes; }
+  std::size_t workspace_bytes(const Plan& plan) const override {
+    return backend_regions(plan, sparse_order(plan, stage_latent_)).total_bytes;
+  }
   void run(const Plan& plan, const ForwardInputs& in, void* workspace, void* stream) override;
 
  private:
@@ -191,6 +237,7 @@ class CudaBackend final : public BackendImpl {
   }
 
   PlanOptions options_;
+  bool stage_latent_ = true;  // DSMLA_STAGE_LATENT != 0
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer<std::uint8_t> cublas_workspace_;
   // DSMLA_OVERLAP_PATHS=1 only: the dense path's stream, the events that fork
@@ -206,10 +253,13 @@ class CudaBackend final : public BackendImpl {
   bool planned_ = false;
   std::uint64_t plan_id_ = 0;
   int plan_tokens_ = 0;
-  bool sparse_contiguous_ = false;           // sparse rows are [first, first + n)
+  bool sparse_contiguous_ = false;           // the sparse tokens, in the backend's order, are rows [first, first + n)
+  int sparse_first_row_ = 0;                 // the row of the first of them
+  int sparse_unstaged_ = 0;                  // the first sparse_unstaged_ of them read the cache
   BackendRegions regions_;                   // backend_regions(plan), fixed at plan time
-  DeviceBuffer<SparseTokenInfo> sparse_tokens_;
-  DeviceBuffer<std::int32_t> sparse_rows_;   // = plan.sparse_tokens: the lse rows of the sparse kernel
+  DeviceBuffer<SparseTokenInfo> sparse_tokens_;  // in the backend's order
+  DeviceBuffer<std::int32_t> sparse_rows_;   // their rows: the lse rows of the sparse kernel
+  DeviceBuffer<LatentRowSource> stage_rows_;  // [staged rows]: the cache positions staged as bf16
   DeviceBuffer<std::int32_t> padding_rows_;
   DeviceBuffer<LatentRowSource> dense_rows_;  // [dense_kv_rows]
   DeviceBuffer<DenseMhaRequest> dense_requests_;
@@ -242,12 +292,20 @@ void CudaBackend::on_plan(const Plan& plan) {
   if (plan.dense_kv_rows > INT32_MAX)
     throw Error("CUDA backend: dense_kv_rows " + std::to_string(plan.dense_kv_rows) + " exceeds int32");
 
+  const SparseOrder sparse = sparse_order(plan, stage_latent_);
   std::vector<SparseTokenInfo> tokens(n_sparse);
+  std::vector<std::int32_t> sparse_rows(n_sparse);
   for (std::size_t i = 0; i < n_sparse; ++i) {
-    const std::int32_t row = plan.sparse_tokens[i];
+    const std::int32_t row = plan.sparse_tokens[sparse.order[i]];
     const std::int32_t request = plan.token_request[row];
-    tokens[i] = {row, request, plan.routes[request].seq_len, 0};
+    tokens[i] = {row, request, plan.routes[request].seq_len, sparse.staging.row_base[request]};
+    sparse_rows[i] = row;
   }
+  std::vector<LatentRowSource> stage_rows;
+  stage_rows.reserve(static_cast<std::size_t>(sparse.staging.rows));
+  for (int r = 0; r < plan.num_requests; ++r)
+    if (sparse.staging.row_base[r] >= 0)
+      for (std::int32_t pos = 0; pos < plan.routes[r].seq_len; ++pos) stage_rows.push_back({r, pos, -1, 0});
   std::vector<std::int32_t> padding;
   for (int t = 0; t < plan.num_tokens; ++t)
     if (plan.token_path[t] == TokenPath::padding) padding.push_back(t);
@@ -275,16 +333,19 @@ void CudaBackend::on_plan(const Plan& plan) {
 
   planned_ = false;  // stays false if an upload throws
   sparse_tokens_.upload(tokens);
-  sparse_rows_.upload(plan.sparse_tokens);
+  sparse_rows_.upload(sparse_rows);
+  stage_rows_.upload(stage_rows);
   padding_rows_.upload(padding);
   dense_rows_.upload(rows);
   dense_requests_.upload(make_dense_mha_requests(plan.dense_requests));
   dense_work_.upload(make_dense_mha_schedule(plan.dense_requests));
   indexer_rows_.upload(indexer_rows);
   topk_fill_counts_.upload(fill_counts);
-  sparse_contiguous_ = n_sparse > 0 && plan.sparse_tokens.back() - plan.sparse_tokens.front() + 1 ==
-                                           static_cast<std::int32_t>(n_sparse);
-  regions_ = backend_regions(plan);
+  sparse_contiguous_ = n_sparse > 0 && std::is_sorted(sparse_rows.begin(), sparse_rows.end()) &&
+                       sparse_rows.back() - sparse_rows.front() + 1 == static_cast<std::int32_t>(n_sparse);
+  sparse_first_row_ = n_sparse > 0 ? sparse_rows.front() : 0;
+  sparse_unstaged_ = static_cast<int>(sparse.unstaged);
+  regions_ = backend_regions(plan, sparse);
   plan_id_ = plan.id;
   plan_tokens_ = plan.num_tokens;
   planned_ = true;
@@ -412,10 +473,24 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   // choose the top-k rows first.
   if (plan.options.indexer) launch_pre_attention(sparse_pre_attention(plan, in, workspace), stream);
 
+  // The staged rows, after the cache write of step 1 (they include the new tokens' rows).
+  auto* staged_latent = region<std::uint8_t>(workspace, regions_.latent_stage);
+  launch_gather_latent({.rows = stage_rows_.data(),
+                        .num_rows = static_cast<std::int64_t>(stage_rows_.size()),
+                        .kv_cache = in.kv_cache,
+                        .block_table = in.block_table,
+                        .max_blocks_per_request = plan.max_blocks_per_request,
+                        .block_size = plan.block_size,
+                        .num_blocks = plan.num_cache_slots / plan.block_size,
+                        .format = plan.options.cache_format,
+                        .k_scale = in.k_scale,
+                        .latent = reinterpret_cast<std::uint16_t*>(staged_latent)},
+                       stream);
+
   // q_lat[i, h] = W_UK(h)^T q_nope[t_i, h]. Column-major per head: C (512 x n) = A (512 x 128) * B (128 x n),
   // with A = W_UK(h) read as its transpose (row-major [128, 512] = column-major 512 x 128, ld 512).
   // Scattered tokens: B is the compact copy step 3a left in o_lat.
-  const std::int64_t first_row = plan.sparse_tokens.front();
+  const std::int64_t first_row = sparse_first_row_;
   const std::uint16_t* q_nope = sparse_contiguous_ ? in.q + first_row * heads * kQkHeadDim : o_lat;
   const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
   const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
@@ -423,24 +498,32 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
        q_nope_ld, q_nope_stride, q_abs, heads * kLatentKeyDim, kLatentKeyDim, heads);
 
-  SparseMlaParams sp;
-  sp.q = reinterpret_cast<const __nv_bfloat16*>(q_abs);
-  sp.kv_cache = in.kv_cache;
-  sp.num_slots = plan.num_cache_slots;
-  sp.format = plan.options.cache_format;
-  sp.k_scale = in.k_scale;
-  sp.slots = r.slots;
-  sp.valid_counts = r.valid_counts;
-  sp.num_tokens = n;
-  sp.num_heads = heads;
-  sp.topk = topk;
-  sp.softmax_scale = in.softmax_scale;
-  sp.o_lat = reinterpret_cast<__nv_bfloat16*>(o_lat);
-  sp.lse = in.lse;
-  sp.lse_rows = sparse_rows_.data();
-  sp.workspace = regions_.sparse_split.bytes > 0 ? region<void>(workspace, regions_.sparse_split) : nullptr;
-  launch_sparse_mla(sp, stream);
-  check_launch("launch_sparse_mla");
+  // Sparse tokens [first, first + count) in the backend's order, over `cache`.
+  const auto attend = [&](int first, int count, const std::uint8_t* cache, std::int64_t num_slots,
+                          CacheFormat format) {
+    if (count == 0) return;
+    SparseMlaParams sp;
+    sp.q = reinterpret_cast<const __nv_bfloat16*>(q_abs) + std::int64_t{first} * heads * kLatentKeyDim;
+    sp.kv_cache = cache;
+    sp.num_slots = num_slots;
+    sp.format = format;
+    sp.k_scale = in.k_scale;
+    sp.slots = r.slots + std::int64_t{first} * topk;
+    sp.valid_counts = r.valid_counts + first;
+    sp.num_tokens = count;
+    sp.num_heads = heads;
+    sp.topk = topk;
+    sp.softmax_scale = in.softmax_scale;
+    sp.o_lat = reinterpret_cast<__nv_bfloat16*>(o_lat) + std::int64_t{first} * heads * kLatentDim;
+    sp.lse = in.lse;
+    sp.lse_rows = sparse_rows_.data() + first;
+    sp.workspace = regions_.sparse_split.bytes > 0 ? region<void>(workspace, regions_.sparse_split) : nullptr;
+    launch_sparse_mla(sp, stream);
+    check_launch("launch_sparse_mla");
+  };
+  attend(0, sparse_unstaged_, in.kv_cache, plan.num_cache_slots, plan.options.cache_format);
+  attend(sparse_unstaged_, n - sparse_unstaged_, staged_latent, static_cast<std::int64_t>(stage_rows_.size()),
+         CacheFormat::bf16);
 
   // out[t_i, h*128 : h*128+128] = W_UV(h) o_lat[i, h]. Column-major per head: C (128 x n) = A^T (128 x 512) *
   // B (512 x n), A = W_UV(h) read as column-major 512 x 128 (ld 512), hence op T.

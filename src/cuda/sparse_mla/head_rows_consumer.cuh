@@ -57,6 +57,7 @@ struct Consumer {
   __device__ __forceinline__ void issue_s_half(int round, int half, bool live) {
     pl::wait(bars.full(kWg, half), round & 1);
     if (!live) return;
+    pl::fence_smem_for_mma();  // the bf16 producer's cp.async writes (generic proxy), read by wgmma
     mma::fence();
     const std::uint32_t q = s_base + kSmemQ;
     const std::uint32_t k = s_base + kSmemK + kWg * kTileBytes;
@@ -200,6 +201,7 @@ struct Consumer {
     const int rounds = item.rounds;
     if (rounds == 0) return;
     pl::wait(bars.q_full(), q_uses & 1);
+    pl::fence_smem_for_mma();
     ++q_uses;
     compute_s(round, kWg == 0 || second_block(0));
 
@@ -265,6 +267,7 @@ struct Consumer {
         }
         pl::named_sync(kConsumerThreads, kP1Ready);
         if (second_block(r)) {
+          pl::fence_smem_for_mma();  // buffer 1, whose full wait warpgroup 1 made
           mma::fence();
           issue_pv_smem(kSmemP1, 1);
         }
@@ -273,6 +276,7 @@ struct Consumer {
         store_p(kSmemP1, 1.f, 1.f);
         pl::named_arrive(kConsumerThreads, kP1Ready);
         pl::named_sync(kConsumerThreads, kP0Ready);
+        pl::fence_smem_for_mma();  // buffer 0, whose full wait warpgroup 0 made
         mma::fence();
         issue_pv_smem(kSmemP0, 0);
         mma::commit();
