@@ -15,8 +15,7 @@
 //      for dense and padding rows), the plan's indexer rows by launch_indexer_topk;
 //      the sparse path below then reads that output instead of topk_indices, and
 //      launches its step 3a itself;
-//   3. sparse path (decode + sparse prefill tokens; the absorption GEMM may run
-//      earlier, on the side stream, below):
+//   3. sparse path (decode + sparse prefill tokens):
 //        3a. top-k -> compacted global slots + valid counts (ws_sparse_slots), and
 //            q_pe (and, scattered, q_nope) copied next to where the GEMM puts q_lat
 //        fp8 caches: the staged requests' latent rows dequantised once to bf16
@@ -53,14 +52,6 @@
 // DSMLA_STAGE_LATENT=0 (read at construction) turns the staging off: every
 // sparse token then dequantises in the kernel (for A/B measurements).
 //
-// The absorption GEMM beside steps 1-2: when the sparse tokens are one
-// contiguous range of rows, the GEMM reads q in place and needs nothing that
-// steps 1-2 write, so run() forks it onto the backend's side stream first and
-// the sparse kernel waits for it (an event) instead of running after it. A
-// decode step then pays the longer of the pre-attention launch and the GEMM,
-// not their sum. DSMLA_FORK_ABSORPTION=0 (read at construction) keeps it on
-// the caller's stream.
-//
 // The cuBLAS handle and its 32 MiB workspace are created at construction; the
 // workspace is re-attached on every run because cublasSetStream resets it,
 // and a user workspace keeps cuBLAS from allocating during graph capture.
@@ -68,9 +59,10 @@
 // when it was constructed.
 //
 // DSMLA_OVERLAP_PATHS=1 (read at construction; opt-in until measured, see
-// NOTES.md of cuda/backend): a batch with both paths runs the dense one on the
-// side stream, forked from the caller's after steps 1-2 and joined back with
-// events; a captured graph records the fork as two branches. The two paths touch disjoint workspace regions and
+// NOTES.md of cuda/backend): a batch with both paths runs the dense one on a
+// second stream, forked from the caller's after steps 1-2 and joined back with
+// events, with its own cuBLAS workspace; a captured graph records the fork
+// as two branches. The two paths touch disjoint workspace regions and
 // disjoint rows of out / lse.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -130,8 +122,6 @@ void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
                                                 b, CUDA_R_16BF, ldb, stride_b, &beta, c, CUDA_R_16BF, ldc, stride_c,
                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
-
-constexpr long long kWeightStride = static_cast<long long>(kKvBRowsPerHead) * kLatentDim;  // one head of w_kv_b
 
 // The plan's regions of the sparse path, for n = plan.sparse_tokens.size() tokens.
 struct SparseRegions {
@@ -210,10 +200,10 @@ class CudaBackend final : public BackendImpl {
       const char* stage = std::getenv("DSMLA_STAGE_LATENT");
       stage_latent_ = stage == nullptr || std::strcmp(stage, "0") != 0;
       const char* overlap = std::getenv("DSMLA_OVERLAP_PATHS");
-      overlap_paths_ = overlap != nullptr && std::strcmp(overlap, "1") == 0;
-      const char* fork = std::getenv("DSMLA_FORK_ABSORPTION");
-      fork_absorption_ = fork == nullptr || std::strcmp(fork, "0") != 0;
-      side_.cublas_workspace.resize(kCublasWorkspaceBytes);
+      if (overlap != nullptr && std::strcmp(overlap, "1") == 0) {
+        overlap_ = std::make_unique<PathOverlap>();
+        overlap_->cublas_workspace.resize(kCublasWorkspaceBytes);
+      }
     } catch (...) {
       cublasDestroy(cublas_);
       throw;
@@ -231,11 +221,7 @@ class CudaBackend final : public BackendImpl {
 
  private:
   void check_inputs(const Plan& plan, const ForwardInputs& in, const void* workspace) const;
-  // absorbed: the absorption GEMM was enqueued on the side stream (side_.absorbed).
-  void run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream, bool absorbed);
-  // q_lat of the sparse tokens into q_abs (the absorption GEMM of step 3), on `stream` with `ws`.
-  void absorb_queries(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream,
-                      DeviceBuffer<std::uint8_t>& ws);
+  void run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
   void run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
   void run_indexer(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream);
   // The top-k rows the sparse path reads: the caller's, or the indexer's output.
@@ -251,21 +237,17 @@ class CudaBackend final : public BackendImpl {
   }
 
   PlanOptions options_;
-  bool stage_latent_ = true;      // DSMLA_STAGE_LATENT != 0
-  bool overlap_paths_ = false;    // DSMLA_OVERLAP_PATHS == 1
-  bool fork_absorption_ = true;   // DSMLA_FORK_ABSORPTION != 0
+  bool stage_latent_ = true;  // DSMLA_STAGE_LATENT != 0
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer<std::uint8_t> cublas_workspace_;
-  // The second stream of run() (the forked absorption GEMM, the overlapped
-  // dense path), the events that fork it from and join it to the caller's
-  // stream, and its own cuBLAS workspace (cuBLAS forbids one workspace on two
-  // streams at once).
-  struct SideStream {
-    Stream stream;
-    Event fork, absorbed, dense_done;
+  // DSMLA_OVERLAP_PATHS=1 only: the dense path's stream, the events that fork
+  // it from and join it to the caller's stream, its cuBLAS workspace.
+  struct PathOverlap {
+    Stream side;
+    Event fork, join;
     DeviceBuffer<std::uint8_t> cublas_workspace;
   };
-  SideStream side_;
+  std::unique_ptr<PathOverlap> overlap_;
 
   // Metadata of the last plan given to on_plan().
   bool planned_ = false;
@@ -427,45 +409,31 @@ void CudaBackend::run(const Plan& plan, const ForwardInputs& in, void* workspace
                  .num_heads = plan.options.num_heads,
                  .out = in.out,
                  .lse = in.lse};
-  const cudaStream_t side = side_.stream.get();
-  // Every exit, the error paths included, leaves the side stream joined: later
-  // work on the caller's stream must not run ahead of it, and a capture must
-  // end joined. Waiting twice for one event is harmless.
-  const auto join = [&](const Event& done) {
-    cudaEventRecord(done.get(), side);
-    cudaStreamWaitEvent(stream, done.get(), 0);
-  };
-  const bool fork_absorption = sparse && sparse_contiguous_ && fork_absorption_;
-  if (fork_absorption) {
-    DSMLA_CUDA_CHECK(cudaEventRecord(side_.fork.get(), stream));
-    DSMLA_CUDA_CHECK(cudaStreamWaitEvent(side, side_.fork.get(), 0));
+  launch_pre_attention(pre, stream);
+  if (plan.options.indexer) run_indexer(plan, in, workspace, stream);
+  if (sparse && dense && overlap_) {
+    PathOverlap& o = *overlap_;
+    DSMLA_CUDA_CHECK(cudaEventRecord(o.fork.get(), stream));
+    DSMLA_CUDA_CHECK(cudaStreamWaitEvent(o.side.get(), o.fork.get(), 0));
     try {
-      absorb_queries(plan, in, workspace, side, side_.cublas_workspace);
-      DSMLA_CUDA_CHECK(cudaEventRecord(side_.absorbed.get(), side));
+      bind_cublas(o.side.get(), o.cublas_workspace);
+      run_dense(plan, in, workspace, o.side.get());
+      bind_cublas(stream, cublas_workspace_);
+      run_sparse(plan, in, workspace, stream);
     } catch (...) {
-      join(side_.absorbed);
+      // Joined on the error path too: later work on the caller's stream must not
+      // run ahead of what the side stream holds, and a capture must end joined.
+      cudaEventRecord(o.join.get(), o.side.get());
+      cudaStreamWaitEvent(stream, o.join.get(), 0);
       throw;
     }
+    DSMLA_CUDA_CHECK(cudaEventRecord(o.join.get(), o.side.get()));
+    DSMLA_CUDA_CHECK(cudaStreamWaitEvent(stream, o.join.get(), 0));
+    return;
   }
-  try {
-    launch_pre_attention(pre, stream);
-    if (plan.options.indexer) run_indexer(plan, in, workspace, stream);
-    if (sparse && dense && overlap_paths_) {
-      // The dense path on the side stream (after the absorption GEMM, if forked).
-      DSMLA_CUDA_CHECK(cudaEventRecord(side_.fork.get(), stream));
-      DSMLA_CUDA_CHECK(cudaStreamWaitEvent(side, side_.fork.get(), 0));
-      run_dense(plan, in, workspace, side);
-      run_sparse(plan, in, workspace, stream, fork_absorption);
-      DSMLA_CUDA_CHECK(cudaEventRecord(side_.dense_done.get(), side));
-      DSMLA_CUDA_CHECK(cudaStreamWaitEvent(stream, side_.dense_done.get(), 0));
-      return;
-    }
-    if (sparse) run_sparse(plan, in, workspace, stream, fork_absorption);
-    if (dense) run_dense(plan, in, workspace, stream);
-  } catch (...) {
-    if (fork_absorption || (sparse && dense && overlap_paths_)) join(side_.dense_done);
-    throw;
-  }
+  if (sparse || dense) bind_cublas(stream, cublas_workspace_);
+  if (sparse) run_sparse(plan, in, workspace, stream);
+  if (dense) run_dense(plan, in, workspace, stream);
 }
 
 PreAttentionParams CudaBackend::sparse_pre_attention(const Plan& plan, const ForwardInputs& in,
@@ -493,25 +461,7 @@ PreAttentionParams CudaBackend::sparse_pre_attention(const Plan& plan, const For
   return pre;
 }
 
-void CudaBackend::absorb_queries(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream,
-                                 DeviceBuffer<std::uint8_t>& ws) {
-  const int n = static_cast<int>(plan.sparse_tokens.size());
-  const int heads = plan.options.num_heads;
-  const SparseRegions r = sparse_regions(plan, workspace);
-  // q_lat[i, h] = W_UK(h)^T q_nope[t_i, h]. Column-major per head: C (512 x n) = A (512 x 128) * B (128 x n),
-  // with A = W_UK(h) read as its transpose (row-major [128, 512] = column-major 512 x 128, ld 512).
-  // Scattered tokens: B is the compact copy step 3a left in o_lat.
-  const std::int64_t first_row = sparse_first_row_;
-  const std::uint16_t* q_nope = sparse_contiguous_ ? in.q + first_row * heads * kQkHeadDim : r.o_lat;
-  const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
-  const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
-  bind_cublas(stream, ws);
-  gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
-       q_nope_ld, q_nope_stride, r.q_abs, heads * kLatentKeyDim, kLatentKeyDim, heads);
-}
-
-void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream,
-                             bool absorbed) {
+void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
   const int n = static_cast<int>(plan.sparse_tokens.size());
   const int heads = plan.options.num_heads;
   const int topk = plan.options.topk;
@@ -537,10 +487,16 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
                         .latent = reinterpret_cast<std::uint16_t*>(staged_latent)},
                        stream);
 
-  if (absorbed)
-    DSMLA_CUDA_CHECK(cudaStreamWaitEvent(stream, side_.absorbed.get(), 0));
-  else
-    absorb_queries(plan, in, workspace, stream, cublas_workspace_);
+  // q_lat[i, h] = W_UK(h)^T q_nope[t_i, h]. Column-major per head: C (512 x n) = A (512 x 128) * B (128 x n),
+  // with A = W_UK(h) read as its transpose (row-major [128, 512] = column-major 512 x 128, ld 512).
+  // Scattered tokens: B is the compact copy step 3a left in o_lat.
+  const std::int64_t first_row = sparse_first_row_;
+  const std::uint16_t* q_nope = sparse_contiguous_ ? in.q + first_row * heads * kQkHeadDim : o_lat;
+  const int q_nope_ld = sparse_contiguous_ ? heads * kQkHeadDim : heads * kNopeDim;
+  const long long q_nope_stride = sparse_contiguous_ ? kQkHeadDim : kNopeDim;
+  constexpr long long kWeightStride = static_cast<long long>(kKvBRowsPerHead) * kLatentDim;  // one head of w_kv_b
+  gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, kLatentDim, n, kNopeDim, in.w_kv_b, kLatentDim, kWeightStride, q_nope,
+       q_nope_ld, q_nope_stride, q_abs, heads * kLatentKeyDim, kLatentKeyDim, heads);
 
   // Sparse tokens [first, first + count) in the backend's order, over `cache`.
   const auto attend = [&](int first, int count, const std::uint8_t* cache, std::int64_t num_slots,
@@ -572,9 +528,7 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
   // out[t_i, h*128 : h*128+128] = W_UV(h) o_lat[i, h]. Column-major per head: C (128 x n) = A^T (128 x 512) *
   // B (512 x n), A = W_UV(h) read as column-major 512 x 128 (ld 512), hence op T.
   const int out_ld = heads * kVHeadDim;
-  // Scattered tokens: compact rows into q_abs, which the kernel has consumed.
-  std::uint16_t* out_rows = sparse_contiguous_ ? in.out + std::int64_t{sparse_first_row_} * out_ld : q_abs;
-  bind_cublas(stream, cublas_workspace_);
+  std::uint16_t* out_rows = sparse_contiguous_ ? in.out + first_row * out_ld : q_abs;  // q_abs is consumed
   gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kVHeadDim, n, kLatentDim, in.w_kv_b + kNopeDim * kLatentDim, kLatentDim,
        kWeightStride, o_lat, heads * kLatentDim, kLatentDim, out_rows, out_ld, kVHeadDim, heads);
   if (!sparse_contiguous_)
@@ -646,7 +600,6 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   // kv_up[rows, H*256] = latent[:, :512] @ w_kv_b^T. Column-major: C (H*256 x rows) = A^T (H*256 x 512) *
   // B (512 x rows), A = w_kv_b as column-major 512 x H*256, B = the latent rows (ld 576, first 512 values).
   const int up_cols = heads * kKvBRowsPerHead;
-  bind_cublas(stream, stream == side_.stream.get() ? side_.cublas_workspace : cublas_workspace_);
   gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, up_cols, kv_rows, kLatentDim, in.w_kv_b, kLatentDim, 0, latent,
        kLatentKeyDim, 0, kv_up, up_cols, 0, 1);
 
