@@ -33,9 +33,9 @@ run() {
 
 small='*GpuSanitizerSmall*'
 run memcheck test_gpu_cuda '*CacheWrite*:*ConvertTopk*:*PreAttention*'
-run memcheck test_gpu_backend "$small:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuCorner.ZeroLength*/fp8_ds_mla:*GpuVsCpuCorner.AllIndicesEmpty/bf16"
-run racecheck test_gpu_backend "$small"
-run synccheck test_gpu_backend "$small"
+run memcheck test_gpu_backend "$small:*GpuDensePacking*/bf16:*GpuLatentStaging*/fp8_ds_mla:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuCorner.ZeroLength*/fp8_ds_mla:*GpuVsCpuCorner.AllIndicesEmpty/bf16"
+run racecheck test_gpu_backend "$small:*GpuDensePacking*/bf16"
+run synccheck test_gpu_backend "$small:*GpuDensePacking*/bf16"
 run racecheck test_gpu_cuda '*ConvertTopk*topk100*:*PreAttentionTest*fp8_ds_mla_compact*'
 # The warp-specialised sparse kernel (every cache format, H 64 / 128): few tokens (split-KV),
 # and more items than multiprocessors (persistent CTAs, producer running ahead).

@@ -497,6 +497,33 @@ TEST_P(GpuLatentStaging, InterleavedWithDecodes) {
 INSTANTIATE_TEST_SUITE_P(Caches, GpuLatentStaging, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return std::string(kCaches[info.param].name); });
 
+// ---------------------------------------------------------------- packed short prompts
+
+// Many short prompts side by side share the dense kernel's query tiles
+// (pack_dense_prompts); a decode and a prompt over a cached prefix break the
+// runs. Every row must still see only its own prompt.
+class GpuDensePacking : public ::testing::TestWithParam<int /*cache*/> {};
+
+TEST_P(GpuDensePacking, ManyShortPrompts) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  SyntheticSpec spec = make_spec(kCaches[GetParam()], 32, 16, 128);
+  for (int i = 0; i < 60; ++i) {
+    const int len = 1 + (i * 7) % 23;
+    spec.seq_lens.push_back(len);
+    spec.query_lens.push_back(len);
+    if (i == 20) spec.seq_lens.push_back(300), spec.query_lens.push_back(1);  // a decode
+    if (i == 40) spec.seq_lens.push_back(100), spec.query_lens.push_back(20);  // over a cached prefix
+  }
+  spec.padding_tokens = 2;
+  spec.seed = 500 + GetParam();
+  const Case c = make_synthetic_case(spec);
+  const test::ForwardResult got = expect_matches_cpu(c, "many short prompts");
+  EXPECT_GE(got.plan.dense_requests.size(), 60u) << "the prompts must take the dense path";
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, GpuDensePacking, ::testing::Values(0, 1, 3),
+                         [](const auto& info) { return std::string(kCaches[info.param].name); });
+
 class GpuSanitizerSmall : public ::testing::TestWithParam<int /*cache*/> {};
 
 TEST_P(GpuSanitizerSmall, DensePrefill) {

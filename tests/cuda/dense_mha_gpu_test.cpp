@@ -64,6 +64,33 @@ Batch mixed_batch() {
   return b;
 }
 
+// Short prompts that pack_dense_prompts merges into shared query tiles: runs
+// of adjacent prompts (1..40 tokens, no cached prefix), broken by a prompt over
+// a cached prefix, by an unowned query row, by a 130-token prompt and by the
+// 128-row cap; kv rows follow each other except around the breaks.
+Batch packed_batch() {
+  Batch b;
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int> short_len(1, 40);
+  int q_row = 0;
+  std::int64_t kv_row = 0;
+  const auto add = [&](int q_len, int ctx_len) {
+    b.requests.push_back(dense_request(static_cast<int>(b.requests.size()), q_row, q_len, ctx_len, kv_row));
+    q_row += q_len;
+    kv_row += q_len + ctx_len;
+  };
+  for (int i = 0; i < 12; ++i) add(short_len(rng), 0);
+  add(5, 30);  // a cached prefix: not merged
+  for (int i = 0; i < 7; ++i) add(short_len(rng), 0);
+  ++q_row;     // an unowned row: the runs on both sides are not merged across it
+  for (int i = 0; i < 9; ++i) add(short_len(rng), 0);
+  add(130, 0);  // a full tile and more: not merged
+  for (int i = 0; i < 40; ++i) add(1 + i % 3, 0);
+  b.num_rows = q_row;
+  b.kv_rows = kv_row;
+  return b;
+}
+
 std::vector<std::uint16_t> random_bf16(std::size_t n, float amplitude, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-amplitude, amplitude);
   std::vector<std::uint16_t> v(n);
@@ -115,12 +142,9 @@ Reference reference(const DenseRequest& r, int h, int H, const std::vector<std::
   return ref;
 }
 
-class DenseMhaGpuTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
-  DSMLA_SKIP_WITHOUT_GPU();
-  const int H = GetParam();
-  const Batch batch = mixed_batch();
+// Runs the kernel on `batch` (its requests merged by pack_dense_prompts when
+// `pack`) and checks every row against the float reference of its own request.
+void expect_matches_reference(const Batch& batch, int H, bool pack) {
   const float scale = static_cast<float>(default_softmax_scale());
   std::mt19937 rng(1234 + H);
   // q in [-2, 2] makes the softmax peaked enough that one wrongly masked key
@@ -128,8 +152,16 @@ TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
   const auto q = random_bf16(static_cast<std::size_t>(batch.num_rows) * H * kQkHeadDim, 2.f, rng);
   const auto kv_up = random_bf16(static_cast<std::size_t>(batch.kv_rows) * H * 256, 1.f, rng);
   const auto latent = random_bf16(static_cast<std::size_t>(batch.kv_rows) * kLatentKeyDim, 1.f, rng);
-  const auto requests = make_dense_mha_requests(batch.requests);
-  const auto work = make_dense_mha_schedule(batch.requests);
+  const DenseMhaPacking packing = pack ? pack_dense_prompts(batch.requests, batch.num_rows)
+                                      : DenseMhaPacking{batch.requests, {}};
+  if (pack) {
+    ASSERT_FALSE(packing.first_key.empty()) << "the batch must merge prompts";
+    ASSERT_LT(packing.requests.size(), batch.requests.size() / 2);
+  }
+  const auto requests = make_dense_mha_requests(packing.requests);
+  const auto work = make_dense_mha_schedule(packing.requests);
+  DeviceBuffer<std::int32_t> d_first_key;
+  d_first_key.upload(packing.first_key);
 
   const std::size_t out_elems = static_cast<std::size_t>(batch.num_rows) * H * kVHeadDim;
   const std::size_t lse_elems = static_cast<std::size_t>(batch.num_rows) * H;
@@ -157,6 +189,7 @@ TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
   p.softmax_scale = scale;
   p.out = reinterpret_cast<__nv_bfloat16*>(d_out.data());
   p.lse = d_lse.data();
+  p.first_key = pack ? d_first_key.data() : nullptr;
   launch_dense_mha(p, nullptr);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -217,9 +250,24 @@ TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
     }
   }
   EXPECT_EQ(value_errors, 0);
-  RecordProperty("max_out_err", std::to_string(max_out_err));
-  RecordProperty("max_lse_err", std::to_string(max_lse_err));
-  std::printf("H %d: max |out - ref| %.3g, max |lse - ref| %.3g\n", H, max_out_err, max_lse_err);
+  ::testing::Test::RecordProperty("max_out_err", std::to_string(max_out_err));
+  ::testing::Test::RecordProperty("max_lse_err", std::to_string(max_lse_err));
+  std::printf("H %d%s: max |out - ref| %.3g, max |lse - ref| %.3g\n", H, pack ? ", packed prompts" : "",
+              max_out_err, max_lse_err);
+}
+
+class DenseMhaGpuTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  expect_matches_reference(mixed_batch(), GetParam(), false);
+}
+
+// Many short prompts merged into shared query tiles: each row still sees
+// only its own prompt's keys.
+TEST_P(DenseMhaGpuTest, PackedPromptsMatchCpuReference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  expect_matches_reference(packed_batch(), GetParam(), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Heads, DenseMhaGpuTest, ::testing::Values(16, 32, 64, 128),
@@ -249,6 +297,49 @@ TEST(DenseMhaSchedule, CoversEveryTileOnceLongestFirst) {
   EXPECT_EQ(work.size(), expected);
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "a tile is scheduled twice";
+}
+
+TEST(DensePromptPacking, MergesAdjacentShortPromptsUpToOneTile) {
+  // 0: 2 rows, 1: 3 rows, 2: 5 rows (merged); 3: over a prefix; 4, 5 merged; then a
+  // gap in the query rows before 6, which stays alone; 7: 127 rows, 8: 1 row (merged:
+  // 128); 9: 2 rows (would pass 128).
+  const std::vector<DenseRequest> in = {
+      dense_request(0, 0, 2, 0, 0),     dense_request(1, 2, 3, 0, 2),     dense_request(2, 5, 5, 0, 5),
+      dense_request(3, 10, 4, 6, 10),   dense_request(4, 14, 1, 0, 20),   dense_request(5, 15, 6, 0, 21),
+      dense_request(6, 22, 3, 0, 27),   dense_request(7, 25, 127, 0, 30), dense_request(8, 152, 1, 0, 157),
+      dense_request(9, 153, 2, 0, 158)};
+  const DenseMhaPacking p = pack_dense_prompts(in, 155);
+  ASSERT_EQ(p.requests.size(), 6u);
+  const auto expect = [](const DenseRequest& r, int request, int q_start, int q_len, int ctx_len,
+                         std::int64_t kv_row_start) {
+    EXPECT_EQ(r.request, request);
+    EXPECT_EQ(r.q_start, q_start);
+    EXPECT_EQ(r.q_len, q_len);
+    EXPECT_EQ(r.ctx_len, ctx_len);
+    EXPECT_EQ(r.seq_len, ctx_len + q_len);
+    EXPECT_EQ(r.kv_row_start, kv_row_start);
+  };
+  expect(p.requests[0], 0, 0, 10, 0, 0);
+  expect(p.requests[1], 3, 10, 4, 6, 10);
+  expect(p.requests[2], 4, 14, 7, 0, 20);
+  expect(p.requests[3], 6, 22, 3, 0, 27);
+  expect(p.requests[4], 7, 25, 128, 0, 30);
+  expect(p.requests[5], 9, 153, 2, 0, 158);
+  ASSERT_EQ(p.first_key.size(), 155u);
+  const std::vector<std::int32_t> head = {0, 0, 2, 2, 2, 5, 5, 5, 5, 5, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0};
+  EXPECT_EQ(std::vector<std::int32_t>(p.first_key.begin(), p.first_key.begin() + head.size()), head);
+  EXPECT_EQ(p.first_key[25 + 126], 0);
+  EXPECT_EQ(p.first_key[152], 127);
+  EXPECT_EQ(p.first_key[153], 0);
+}
+
+TEST(DensePromptPacking, NothingToMergeLeavesTheRequests) {
+  const std::vector<DenseRequest> in = {dense_request(0, 0, 200, 0, 0), dense_request(1, 200, 3, 1, 200),
+                                        dense_request(2, 203, 0, 4, 204)};
+  const DenseMhaPacking p = pack_dense_prompts(in, 203);
+  EXPECT_TRUE(p.first_key.empty());
+  ASSERT_EQ(p.requests.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(p.requests[i].q_len, in[i].q_len);
 }
 
 TEST(DenseMhaRequests, RejectsInconsistentRequests) {

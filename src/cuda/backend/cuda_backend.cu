@@ -29,7 +29,8 @@
 //   4. dense path (short prefills):
 //        gather + dequantise the latent rows                 (ws_dense_latent)
 //        kv_up = latent[:, :512] @ w_kv_b^T, one GEMM        (ws_dense_kv)
-//        launch_dense_mha
+//        launch_dense_mha                                    (short prompts packed into shared query
+//                                                             tiles: pack_dense_prompts, dense_mha.hpp)
 //
 // Scattered sparse tokens (a mixed batch whose dense requests sit between
 // sparse ones) borrow regions that are idle at that moment instead of asking
@@ -264,6 +265,7 @@ class CudaBackend final : public BackendImpl {
   DeviceBuffer<LatentRowSource> dense_rows_;  // [dense_kv_rows]
   DeviceBuffer<DenseMhaRequest> dense_requests_;
   DeviceBuffer<DenseMhaWorkItem> dense_work_;
+  DeviceBuffer<std::int32_t> dense_first_key_;  // [T] when short prompts share query tiles, else empty
   DeviceBuffer<IndexerRow> indexer_rows_;      // = plan.indexer_rows
   DeviceBuffer<std::int32_t> topk_fill_counts_;  // [T]: TopkFillParams::fill_counts
 };
@@ -337,8 +339,10 @@ void CudaBackend::on_plan(const Plan& plan) {
   stage_rows_.upload(stage_rows);
   padding_rows_.upload(padding);
   dense_rows_.upload(rows);
-  dense_requests_.upload(make_dense_mha_requests(plan.dense_requests));
-  dense_work_.upload(make_dense_mha_schedule(plan.dense_requests));
+  const DenseMhaPacking packed = pack_dense_prompts(plan.dense_requests, plan.num_tokens);
+  dense_requests_.upload(make_dense_mha_requests(packed.requests));
+  dense_work_.upload(make_dense_mha_schedule(packed.requests));
+  dense_first_key_.upload(packed.first_key);
   indexer_rows_.upload(indexer_rows);
   topk_fill_counts_.upload(fill_counts);
   sparse_contiguous_ = n_sparse > 0 && std::is_sorted(sparse_rows.begin(), sparse_rows.end()) &&
@@ -614,6 +618,7 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   dp.softmax_scale = in.softmax_scale;
   dp.out = reinterpret_cast<__nv_bfloat16*>(in.out);
   dp.lse = in.lse;
+  dp.first_key = dense_first_key_.size() > 0 ? dense_first_key_.data() : nullptr;
   launch_dense_mha(dp, stream);
   check_launch("launch_dense_mha");
 }

@@ -38,6 +38,7 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   check_aligned(p.lse, alignof(float), "lse");
   check_aligned(p.requests, alignof(DenseMhaRequest), "requests");
   check_aligned(p.work, alignof(DenseMhaWorkItem), "work");
+  if (p.first_key != nullptr) check_aligned(p.first_key, alignof(std::int32_t), "first_key");
 
   opt_in_shared_memory(reinterpret_cast<const void*>(dense_mha_detail::dense_mha_kernel), dense_mha_detail::kSmemBytes,
                        "dense MHA kernel");

@@ -45,6 +45,9 @@ struct DenseMhaParams {
   float softmax_scale = 0.f;
   __nv_bfloat16* out = nullptr;           // [T, H*128]
   float* lse = nullptr;                   // [T, H]
+  // Packed prompts (pack_dense_prompts): query row t sees keys [first_key[t], ctx_len + i]
+  // of its request instead of [0, ctx_len + i]. Null: 0 for every row.
+  const std::int32_t* first_key = nullptr;  // [T]
 };
 
 // One DenseMhaRequest per DenseRequest, same order. Throws Error naming the
@@ -54,6 +57,21 @@ std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseReques
 // tiles first (a longest-processing-time order keeps the tail of the grid short).
 // Requests with q_len 0 get no item. `request` indexes the given span.
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests);
+
+// Short prompts packed into shared query tiles. The kernel gives every work
+// item one query tile of one request, so a batch of many short prompts pays a
+// whole 128-row tile (query load, key tile, epilogue) per prompt and head:
+// 8192 two-token prompts at H 128 launch a million blocks. Consecutive prompts
+// without a cached prefix (ctx_len 0, q_len < kDenseMhaQueryTile) whose query
+// rows and kv rows follow each other are merged, up to kDenseMhaQueryTile rows,
+// into one request; its rows keep to their own prompt's keys through
+// first_key (a prompt's rows start at the same offset in the merged query and
+// kv rows, since q_len = seq_len). A merged request spans one key tile.
+struct DenseMhaPacking {
+  std::vector<DenseRequest> requests;   // the given ones, each group of merged prompts as one
+  std::vector<std::int32_t> first_key;  // [num_rows] for DenseMhaParams::first_key; empty when nothing merged
+};
+DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int num_rows);
 
 // Rows of out / lse that belong to no work item are not touched. q, kv_up,
 // latent and out must be 16-byte aligned (checked). Needs sm_90a (wgmma) and

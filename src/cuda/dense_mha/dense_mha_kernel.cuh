@@ -65,6 +65,14 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
   };
   zero_p();
   OnlineSoftmax softmax(p.softmax_scale);
+  int first_key[2] = {0, 0};  // of rows row() and row() + 8 (packed prompts)
+  if (p.first_key != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = w.wg_row0 + c.row() + 8 * r;
+      if (row < w.req.q_len) first_key[r] = p.first_key[w.req.q_start + row];
+    }
+  }
   auto fence_o = [&] {
 #pragma unroll
     for (int h = 0; h < kOHalves; ++h) mma::fence_operands(o[h]);
@@ -95,7 +103,7 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
     mma::fence_operands(p_frag);
     if (it > 0) pl::arrive(bars.empty(stage_of(it - 1)));  // P V of the previous tile done: its stage is free
     if (live) {
-      mask_causal(s, tile, w.wg_first_limit, c);
+      mask_causal(s, tile, w.wg_first_limit, first_key, c);
       float alpha[2];
       softmax.update(s, alpha);
       rescale_o(o, alpha);

@@ -46,4 +46,37 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
   return out;
 }
 
+DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int num_rows) {
+  DenseMhaPacking packing;
+  const auto packable = [](const DenseRequest& r) { return r.ctx_len == 0 && r.q_len > 0 && r.q_len < kDenseMhaQueryTile; };
+  for (std::size_t i = 0; i < requests.size();) {
+    DenseRequest group = requests[i];
+    std::size_t end = i + 1;
+    if (packable(group)) {
+      for (; end < requests.size(); ++end) {
+        const DenseRequest& next = requests[end];
+        if (!packable(next) || next.q_start != group.q_start + group.q_len ||
+            next.kv_row_start != group.kv_row_start + group.seq_len || group.q_len + next.q_len > kDenseMhaQueryTile)
+          break;
+        group.q_len += next.q_len;
+        group.seq_len += next.seq_len;
+      }
+    }
+    if (end - i > 1) {
+      if (packing.first_key.empty()) packing.first_key.assign(static_cast<std::size_t>(num_rows), 0);
+      for (std::size_t m = i; m < end; ++m) {
+        const DenseRequest& member = requests[m];
+        if (member.q_start + member.q_len > num_rows)
+          throw Error("pack_dense_prompts: request " + std::to_string(member.request) + " rows [" +
+                      std::to_string(member.q_start) + ", " + std::to_string(member.q_start + member.q_len) +
+                      ") pass num_rows " + std::to_string(num_rows));
+        for (int t = 0; t < member.q_len; ++t) packing.first_key[member.q_start + t] = member.q_start - group.q_start;
+      }
+    }
+    packing.requests.push_back(group);
+    i = end;
+  }
+  return packing;
+}
+
 }  // namespace dsmla::cuda

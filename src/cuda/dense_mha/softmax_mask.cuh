@@ -11,19 +11,22 @@ namespace dsmla::cuda::dense_mha_detail {
 
 namespace sm = dsmla::cuda::softmax;
 
-// Keys past a row's causal limit -> -inf. Query row i (request-local) sees
-// keys [0, ctx_len + i]; `first_limit` is that limit for the warpgroup's
-// first row. Only the tiles that reach past it (the diagonal ones) hold any
-// masked key, the others are left alone.
-__device__ __forceinline__ void mask_causal(float (&s)[kSRegs], int tile, int first_limit, const FragmentCoords& c) {
-  if (tile * kKeyTile + kKeyTile - 1 <= first_limit) return;
+// Keys outside a row's range -> -inf. Query row i (request-local) sees keys
+// [first_key, ctx_len + i]; `first_limit` is the upper end for the
+// warpgroup's first row, first_key[r] the lower end of this thread's rows
+// row() + 8 r (0 except in packed prompts, dense_mha.hpp). Only the tiles that
+// reach past the upper end (the diagonal ones) or start below a lower end hold
+// any masked key, the others are left alone.
+__device__ __forceinline__ void mask_causal(float (&s)[kSRegs], int tile, int first_limit, const int (&first_key)[2],
+                                            const FragmentCoords& c) {
+  if (tile * kKeyTile + kKeyTile - 1 <= first_limit && tile * kKeyTile >= max(first_key[0], first_key[1])) return;
 #pragma unroll
   for (int nb = 0; nb < kKeyTile / 8; ++nb) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = tile * kKeyTile + nb * 8 + 2 * c.col_pair + (e & 1);
       const int limit = first_limit + c.row() + (e >= 2 ? 8 : 0);
-      if (key > limit) s[nb * 4 + e] = -INFINITY;
+      if (key > limit || key < first_key[e / 2]) s[nb * 4 + e] = -INFINITY;
     }
   }
 }
