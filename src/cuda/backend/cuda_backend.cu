@@ -124,6 +124,24 @@ void gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// The gather of `rows` (the dense path's latent rows, or the staged rows of
+// sparse prefills) into `latent`, [rows, 576] bf16.
+LatentGatherParams latent_gather(const Plan& plan, const ForwardInputs& in, const DeviceBuffer<LatentRowSource>& rows,
+                                 std::uint16_t* latent) {
+  return {.rows = rows.data(),
+          .num_rows = static_cast<std::int64_t>(rows.size()),
+          .kv_c = in.kv_c,
+          .k_pe = in.k_pe,
+          .kv_cache = in.kv_cache,
+          .block_table = in.block_table,
+          .max_blocks_per_request = plan.max_blocks_per_request,
+          .block_size = plan.block_size,
+          .num_blocks = plan.num_cache_slots / plan.block_size,
+          .format = plan.options.cache_format,
+          .k_scale = in.k_scale,
+          .latent = latent};
+}
+
 // The plan's regions of the sparse path, for n = plan.sparse_tokens.size() tokens.
 struct SparseRegions {
   std::uint16_t* q_abs;        // [n, H, 576]: [q_lat | q_pe]
@@ -479,17 +497,7 @@ void CudaBackend::run_sparse(const Plan& plan, const ForwardInputs& in, void* wo
 
   // The staged rows, after the cache write of step 1 (they include the new tokens' rows).
   auto* staged_latent = region<std::uint8_t>(workspace, regions_.latent_stage);
-  launch_gather_latent({.rows = stage_rows_.data(),
-                        .num_rows = static_cast<std::int64_t>(stage_rows_.size()),
-                        .kv_cache = in.kv_cache,
-                        .block_table = in.block_table,
-                        .max_blocks_per_request = plan.max_blocks_per_request,
-                        .block_size = plan.block_size,
-                        .num_blocks = plan.num_cache_slots / plan.block_size,
-                        .format = plan.options.cache_format,
-                        .k_scale = in.k_scale,
-                        .latent = reinterpret_cast<std::uint16_t*>(staged_latent)},
-                       stream);
+  launch_gather_latent(latent_gather(plan, in, stage_rows_, reinterpret_cast<std::uint16_t*>(staged_latent)), stream);
 
   // q_lat[i, h] = W_UK(h)^T q_nope[t_i, h]. Column-major per head: C (512 x n) = A (512 x 128) * B (128 x n),
   // with A = W_UK(h) read as its transpose (row-major [128, 512] = column-major 512 x 128, ld 512).
@@ -587,19 +595,7 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   auto* latent = region<std::uint16_t>(workspace, plan.ws_dense_latent);  // [kv_rows, 576]
   auto* kv_up = region<std::uint16_t>(workspace, plan.ws_dense_kv);       // [kv_rows, H, 256]
 
-  launch_gather_latent({.rows = dense_rows_.data(),
-                        .num_rows = kv_rows,
-                        .kv_c = in.kv_c,
-                        .k_pe = in.k_pe,
-                        .kv_cache = in.kv_cache,
-                        .block_table = in.block_table,
-                        .max_blocks_per_request = plan.max_blocks_per_request,
-                        .block_size = plan.block_size,
-                        .num_blocks = plan.num_cache_slots / plan.block_size,
-                        .format = plan.options.cache_format,
-                        .k_scale = in.k_scale,
-                        .latent = latent},
-                       stream);
+  launch_gather_latent(latent_gather(plan, in, dense_rows_, latent), stream);
 
   // kv_up[rows, H*256] = latent[:, :512] @ w_kv_b^T. Column-major: C (H*256 x rows) = A^T (H*256 x 512) *
   // B (512 x rows), A = w_kv_b as column-major 512 x H*256, B = the latent rows (ld 576, first 512 values).
