@@ -2,6 +2,7 @@
 #include "plan/latent_staging.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 
 namespace dsmla {
@@ -11,6 +12,7 @@ LatentStaging plan_latent_staging(const Plan& plan, std::int64_t max_rows) {
   staging.row_base.assign(static_cast<std::size_t>(plan.num_requests), -1);
   if (plan.options.cache_format == CacheFormat::bf16) return staging;
 
+  max_rows = std::min<std::int64_t>(max_rows, INT32_MAX);  // row_base is int32
   std::vector<std::int64_t> keys(static_cast<std::size_t>(plan.num_requests), 0);
   for (const std::int32_t t : plan.sparse_tokens)
     keys[plan.token_request[t]] += std::min<std::int64_t>(plan.token_position[t] + 1, plan.options.topk);

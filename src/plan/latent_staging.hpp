@@ -20,8 +20,9 @@ namespace dsmla {
 // 0.6 ns per row on an H200), the kernel's conversion about 0.3 ns per
 // gathered key and head block (src/cuda/sparse_mla/NOTES.md, "Latent staging").
 inline constexpr std::int64_t kStageMinKeysPerRow = 4;
-// Staged rows of one batch at most (512 MiB of bf16 rows): requests that would
-// pass it stay unstaged, in request order.
+// Staged rows of one batch at most (512 MiB of bf16 rows). Requests are taken
+// in request order; one that would pass the cap stays unstaged, and a later,
+// smaller one may still be staged.
 inline constexpr std::int64_t kMaxStagedRows = (std::int64_t{512} << 20) / (2 * kLatentKeyDim);
 
 struct LatentStaging {

@@ -34,6 +34,7 @@
 #include "dsmla/attention.hpp"
 #include "dsmla/testing/case.hpp"
 #include "dsmla/format.hpp"
+#include "cuda/dense_mha/dense_mha.hpp"
 #include "plan/latent_staging.hpp"
 #include "support/test_support.hpp"
 
@@ -462,15 +463,25 @@ TEST_P(GpuLatentStaging, SameBitsAsDequantisingInTheKernel) {
   spec.policy = RoutingPolicy::force_sparse;
   spec.seed = 300 + GetParam();
   const Case c = make_synthetic_case(spec);
+  ASSERT_EQ(unsetenv("DSMLA_STAGE_LATENT"), 0);  // staged, whatever the caller's environment
+  const auto workspace_bytes = [&c] {
+    Attention attention(BackendKind::cuda, c.plan_options());
+    attention.plan(c.batch());
+    return attention.workspace_bytes();
+  };
   {
     Attention attention(BackendKind::cuda, c.plan_options());
     const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
     ASSERT_EQ(staging.rows, 700 + 300 + 600) << "every request of this batch is staged";
   }
+  const std::size_t staged_workspace = workspace_bytes();
   const test::ForwardResult staged = expect_matches_cpu(c, "staged");
   ASSERT_EQ(setenv("DSMLA_STAGE_LATENT", "0", 1), 0);
+  const std::size_t in_kernel_workspace = workspace_bytes();
   const test::ForwardResult in_kernel = run_gpu_forward(c);
   unsetenv("DSMLA_STAGE_LATENT");
+  // The staged run really staged: its workspace holds the 1600 bf16 rows.
+  EXPECT_GE(staged_workspace, in_kernel_workspace + std::size_t{1600} * 2 * kLatentKeyDim);
   EXPECT_TRUE(staged.out == in_kernel.out) << "out differs between staged and in-kernel dequantisation";
   EXPECT_TRUE(staged.lse == in_kernel.lse) << "lse differs between staged and in-kernel dequantisation";
 }
@@ -494,6 +505,24 @@ TEST_P(GpuLatentStaging, InterleavedWithDecodes) {
   expect_matches_cpu(c, "staged prefills between decodes");
 }
 
+// Decodes, then a staged prefill, in row order: both kernel launches run and the
+// GEMMs read q and write out in place (the rows stay one sorted range).
+TEST_P(GpuLatentStaging, DecodesBeforeAStagedPrefill) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  SyntheticSpec spec = make_spec(kCaches[GetParam()], 64, 64, 128);
+  spec.seq_lens = {900, 450, 600};
+  spec.query_lens = {1, 1, 600};
+  spec.policy = RoutingPolicy::force_sparse;
+  spec.seed = 450 + GetParam();
+  const Case c = make_synthetic_case(spec);
+  {
+    Attention attention(BackendKind::cuda, c.plan_options());
+    const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
+    ASSERT_EQ(staging.row_base, (std::vector<std::int32_t>{-1, -1, 0}));
+  }
+  expect_matches_cpu(c, "decodes before a staged prefill");
+}
+
 INSTANTIATE_TEST_SUITE_P(Caches, GpuLatentStaging, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return std::string(kCaches[info.param].name); });
 
@@ -512,15 +541,17 @@ TEST_P(GpuDensePacking, ManyShortPrompts) {
     spec.seq_lens.push_back(len);
     spec.query_lens.push_back(len);
     if (i == 20) spec.seq_lens.push_back(300), spec.query_lens.push_back(1);  // a decode
-    if (i == 40) spec.seq_lens.push_back(100), spec.query_lens.push_back(20);  // over a cached prefix
+    if (i == 40) spec.seq_lens.push_back(21), spec.query_lens.push_back(20);  // over a 1-token prefix (dense)
   }
   spec.padding_tokens = 2;
   spec.seed = 500 + GetParam();
   const Case c = make_synthetic_case(spec);
   const test::ForwardResult got = expect_matches_cpu(c, "many short prompts");
-  // Every prompt of 2 tokens or more goes dense; the three 1-token ones are
-  // decodes (decode_threshold 1).
-  EXPECT_EQ(got.plan.dense_requests.size(), 57u) << "the prompts must take the dense path";
+  // Every prompt of 2 tokens or more goes dense, and so does the chunk over one
+  // cached token; the three 1-token prompts are decodes (decode_threshold 1).
+  ASSERT_EQ(got.plan.dense_requests.size(), 58u) << "the prompts must take the dense path";
+  EXPECT_LT(cuda::pack_dense_prompts(got.plan.dense_requests, c.num_tokens).requests.size(), 20u)
+      << "the prompts must share query tiles";
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, GpuDensePacking, ::testing::Values(0, 1, 3),

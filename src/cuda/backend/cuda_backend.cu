@@ -234,6 +234,8 @@ class CudaBackend final : public BackendImpl {
 
   void on_plan(const Plan& plan) override;
   std::size_t workspace_bytes(const Plan& plan) const override {
+    // run() asks for every step: the plan given to on_plan() has its layout already.
+    if (planned_ && plan.id == plan_id_ && plan.num_tokens == plan_tokens_) return regions_.total_bytes;
     return backend_regions(plan, sparse_order(plan, stage_latent_)).total_bytes;
   }
   void run(const Plan& plan, const ForwardInputs& in, void* workspace, void* stream) override;

@@ -48,7 +48,9 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
 
 DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int num_rows) {
   DenseMhaPacking packing;
-  const auto packable = [](const DenseRequest& r) { return r.ctx_len == 0 && r.q_len > 0 && r.q_len < kDenseMhaQueryTile; };
+  const auto packable = [](const DenseRequest& r) {
+    return r.ctx_len == 0 && r.seq_len == r.q_len && r.q_len > 0 && r.q_len < kDenseMhaQueryTile;
+  };
   for (std::size_t i = 0; i < requests.size();) {
     DenseRequest group = requests[i];
     std::size_t end = i + 1;
