@@ -23,8 +23,10 @@ const char* const kHelp = R"(usage: dsmla plan --seq-lens S1,S2,.. --query-lens 
 Plans a batch of requests (request i: seq_lens[i] tokens in total, the last
 query_lens[i] of them new) and prints Plan::to_json(): token counts per path
 (decode / sparse / dense / padding), the per-request routing decision
-with the cost-model FLOPs behind it, and the workspace layout. The batch gets
-a trivial cache: consecutive blocks per request, new tokens at their slots.
+with the cost-model FLOPs behind it, the requests whose latent rows the CUDA
+backend stages as bf16 (fp8 caches, "latent_staging"), and the workspace
+layout. The batch gets a trivial cache: consecutive blocks per request, new
+tokens at their slots.
 
 options:
   --seq-lens LIST         context + new tokens per request, comma-separated (required)

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsmla/plan.hpp"
+#include "plan/latent_staging.hpp"
 
 namespace dsmla {
 namespace {
@@ -62,6 +63,13 @@ std::string Plan::to_json() const {
                               {"seq_len", d.seq_len},
                               {"kv_row_start", d.kv_row_start}});
 
+  // What the CUDA backend stages as bf16 for this plan (fp8 caches; unless
+  // DSMLA_STAGE_LATENT=0): its rows are part of the backend's workspace_bytes().
+  const LatentStaging staging = plan_latent_staging(*this);
+  Json staged_requests = Json::array();
+  for (std::size_t r = 0; r < staging.row_base.size(); ++r)
+    if (staging.row_base[r] >= 0) staged_requests.push_back(r);
+
   const Json json{
       {"options",
        {{"num_heads", options.num_heads},
@@ -91,6 +99,10 @@ std::string Plan::to_json() const {
         {"full_set_tokens", full_set_tokens.size()},
         {"max_pos", max_indexer_pos},
         {"flops", indexer_flops}}},
+      {"latent_staging",
+       {{"requests", staged_requests},
+        {"rows", staging.rows},
+        {"bytes", staging.rows * 2 * kLatentKeyDim}}},
       {"workspace",
        {{"bytes", workspace_bytes},
         {"sparse_q", region_json(ws_sparse_q)},

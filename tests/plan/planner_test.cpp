@@ -187,6 +187,10 @@ TEST(PlanJson, ParsesBackWithTheExpectedFields) {
   EXPECT_EQ(j["dense_requests"][0]["kv_row_start"], 0);
   EXPECT_EQ(j["dense_kv_rows"], 64);
 
+  // bf16 cache: nothing to stage.
+  EXPECT_EQ(j["latent_staging"]["rows"], 0);
+  EXPECT_TRUE(j["latent_staging"]["requests"].empty());
+
   EXPECT_EQ(j["workspace"]["bytes"], plan.workspace_bytes);
   EXPECT_EQ(j["workspace"]["sparse_q"]["offset"], plan.ws_sparse_q.offset);
   EXPECT_EQ(j["workspace"]["dense_kv"]["bytes"], plan.ws_dense_kv.bytes);
@@ -194,6 +198,17 @@ TEST(PlanJson, ParsesBackWithTheExpectedFields) {
   // Deterministic: the same batch prints the same text.
   EXPECT_EQ(make_plan(b.desc(), options()).to_json(), text);
   EXPECT_NE(text.find('\n'), std::string::npos);  // pretty-printed
+}
+
+TEST(PlanJson, ShowsTheStagedRequestsOfAnFp8Cache) {
+  // The 3000-token prompt is sparse and staged; the decode is not.
+  const TestBatch b = make_test_batch({32, 64, 3000, 50}, {1, 64, 3000, 0}, 64, 2);
+  PlanOptions o = options();
+  o.cache_format = CacheFormat::fp8_ds_mla;
+  const nlohmann::json j = nlohmann::json::parse(make_plan(b.desc(), o).to_json());
+  EXPECT_EQ(j["latent_staging"]["requests"], nlohmann::json::array({2}));
+  EXPECT_EQ(j["latent_staging"]["rows"], 3000);
+  EXPECT_EQ(j["latent_staging"]["bytes"], 3000 * 1152);
 }
 
 }  // namespace
