@@ -450,6 +450,12 @@ INSTANTIATE_TEST_SUITE_P(Caches, GpuVsCpuCorner, ::testing::Values(0, 1, 2, 3),
 
 // Sparse prefills over an fp8 cache read a bf16 copy of their latent rows
 // (plan/latent_staging.hpp); decodes keep dequantising in the kernel.
+// The staging the CUDA backend applies to `c` (plan/latent_staging.hpp).
+LatentStaging staging_of(const Case& c) {
+  Attention attention(BackendKind::cuda, c.plan_options());
+  return plan_latent_staging(attention.plan(c.batch()));
+}
+
 class GpuLatentStaging : public ::testing::TestWithParam<int /*cache*/> {};
 
 // The staged rows hold bf16(e4m3 * scale), the values the kernel's own
@@ -469,11 +475,7 @@ TEST_P(GpuLatentStaging, SameBitsAsDequantisingInTheKernel) {
     attention.plan(c.batch());
     return attention.workspace_bytes();
   };
-  {
-    Attention attention(BackendKind::cuda, c.plan_options());
-    const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
-    ASSERT_EQ(staging.rows, 700 + 300 + 600) << "every request of this batch is staged";
-  }
+  ASSERT_EQ(staging_of(c).rows, 700 + 300 + 600) << "every request of this batch is staged";
   const std::size_t staged_workspace = workspace_bytes();
   const test::ForwardResult staged = expect_matches_cpu(c, "staged");
   ASSERT_EQ(setenv("DSMLA_STAGE_LATENT", "0", 1), 0);
@@ -497,11 +499,7 @@ TEST_P(GpuLatentStaging, InterleavedWithDecodes) {
   spec.padding_tokens = 3;
   spec.seed = 400 + GetParam();
   const Case c = make_synthetic_case(spec);
-  {
-    Attention attention(BackendKind::cuda, c.plan_options());
-    const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
-    ASSERT_EQ(staging.row_base, (std::vector<std::int32_t>{-1, 0, -1, 600, -1}));
-  }
+  ASSERT_EQ(staging_of(c).row_base, (std::vector<std::int32_t>{-1, 0, -1, 600, -1}));
   expect_matches_cpu(c, "staged prefills between decodes");
 }
 
@@ -515,11 +513,7 @@ TEST_P(GpuLatentStaging, DecodesBeforeAStagedPrefill) {
   spec.policy = RoutingPolicy::force_sparse;
   spec.seed = 450 + GetParam();
   const Case c = make_synthetic_case(spec);
-  {
-    Attention attention(BackendKind::cuda, c.plan_options());
-    const LatentStaging staging = plan_latent_staging(attention.plan(c.batch()));
-    ASSERT_EQ(staging.row_base, (std::vector<std::int32_t>{-1, -1, 0}));
-  }
+  ASSERT_EQ(staging_of(c).row_base, (std::vector<std::int32_t>{-1, -1, 0}));
   expect_matches_cpu(c, "decodes before a staged prefill");
 }
 
