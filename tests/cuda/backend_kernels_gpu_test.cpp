@@ -139,6 +139,31 @@ void expect_same_bits(const std::vector<T>& want, const std::vector<T>& got, con
                            << " of the guarded array (guard " << Guarded<T>::kGuard << " elements each side)";
 }
 
+// Device copies of a conversion problem's inputs, and the conversion part of
+// the pre-attention launch over them into `slots` / `counts`.
+struct DeviceConvertInputs {
+  DeviceBuffer<std::int32_t> topk_indices, block_table;
+  DeviceBuffer<cuda::SparseTokenInfo> tokens;
+
+  explicit DeviceConvertInputs(const ConvertProblem& c) {
+    topk_indices.upload(c.topk_indices);
+    block_table.upload(c.block_table);
+    tokens.upload(c.tokens);
+  }
+  cuda::TopkConvertParams params(const ConvertProblem& c, std::int32_t* slots, std::int32_t* counts) const {
+    return {.topk_indices = topk_indices.data(),
+            .topk = c.topk,
+            .tokens = tokens.data(),
+            .num_tokens = static_cast<int>(c.tokens.size()),
+            .block_table = block_table.data(),
+            .max_blocks_per_request = c.max_blocks,
+            .block_size = c.block_size,
+            .num_blocks = c.num_blocks,
+            .slots = slots,
+            .valid_counts = counts};
+  }
+};
+
 // ---------------------------------------------------------------- the conversion alone
 
 struct ConvertShape {
@@ -154,25 +179,12 @@ TEST_P(ConvertTopkTest, CompactsValidSlotsInInputOrder) {
   const ConvertProblem c = make_convert_problem(topk, block_size);
   const std::size_t n = c.tokens.size();
 
-  DeviceBuffer<std::int32_t> d_topk, d_table;
-  DeviceBuffer<cuda::SparseTokenInfo> d_tokens;
-  d_topk.upload(c.topk_indices);
-  d_table.upload(c.block_table);
-  d_tokens.upload(c.tokens);
+  const DeviceConvertInputs inputs(c);
   Guarded<std::int32_t> d_slots(n * topk, 0x5a5a5a5a, 0x0f0f0f0f), d_counts(n, 0x5a5a5a5a, 0x0f0f0f0f);
   d_slots.upload();
   d_counts.upload();
   cuda::PreAttentionParams p;  // the conversion only: every other part left out
-  p.convert = {.topk_indices = d_topk.data(),
-               .topk = topk,
-               .tokens = d_tokens.data(),
-               .num_tokens = static_cast<int>(n),
-               .block_table = d_table.data(),
-               .max_blocks_per_request = c.max_blocks,
-               .block_size = block_size,
-               .num_blocks = c.num_blocks,
-               .slots = d_slots.data(),
-               .valid_counts = d_counts.data()};
+  p.convert = inputs.params(c, d_slots.data(), d_counts.data());
   cuda::launch_pre_attention(p, nullptr);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -255,16 +267,13 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
 
   DeviceBuffer<std::uint16_t> d_q, d_kv_c, d_k_pe;
   DeviceBuffer<std::int64_t> d_slot_mapping;
-  DeviceBuffer<std::int32_t> d_topk, d_table, d_padding_rows;
-  DeviceBuffer<cuda::SparseTokenInfo> d_tokens;
+  DeviceBuffer<std::int32_t> d_padding_rows;
+  const DeviceConvertInputs inputs(c);
   d_q.upload(q);
   d_kv_c.upload(kv_c);
   d_k_pe.upload(k_pe);
   d_slot_mapping.upload(slot_mapping);
-  d_topk.upload(c.topk_indices);
-  d_table.upload(c.block_table);
   d_padding_rows.upload(padding_rows);
-  d_tokens.upload(c.tokens);
 
   // Outputs, every one poisoned (the cache: random bytes) and guarded.
   const std::size_t rows = static_cast<std::size_t>(T);
@@ -297,18 +306,9 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
                .num_heads = H,
                .out = d_out.data(),
                .lse = d_lse.data()};
-  p.convert = {.topk_indices = d_topk.data(),
-               .topk = kTopk,
-               .tokens = d_tokens.data(),
-               .num_tokens = static_cast<int>(n),
-               .block_table = d_table.data(),
-               .max_blocks_per_request = c.max_blocks,
-               .block_size = kBlockSize,
-               .num_blocks = c.num_blocks,
-               .slots = d_slots.data(),
-               .valid_counts = d_counts.data()};
+  p.convert = inputs.params(c, d_slots.data(), d_counts.data());
   p.query = {.q = d_q.data(),
-             .tokens = d_tokens.data(),
+             .tokens = inputs.tokens.data(),
              .num_tokens = static_cast<int>(n),
              .num_heads = H,
              .q_nope = pc.compact_q_nope ? d_q_nope.data() : nullptr,
