@@ -2,9 +2,11 @@
 // (src/cuda/sparse_mla). Built with the CUDA build as build/sparse_mla_kernel_bench
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   build/sparse_mla_kernel_bench [--quick | --small-heads]
+//   build/sparse_mla_kernel_bench [--quick | --small-heads] [--case TEXT]
 //
 // --small-heads: the H 16 / 32 cases next to H 128.
+// --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
+// H128 B128"), so a profiler sees one case's launches.
 //
 // Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S = 1024,
 // token at position p attends to min(p + 1, topk) positions of its sequence
@@ -316,8 +318,17 @@ Result run_case(const Case& c, int warmup, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const bool small_heads = argc > 1 && std::strcmp(argv[1], "--small-heads") == 0;
+  bool quick = false, small_heads = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--small-heads") == 0) small_heads = true;
+    else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --case TEXT)\n", argv[i]);
+      return 2;
+    }
+  }
   cudaDeviceProp prop{};
   DSMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -352,6 +363,10 @@ int main(int argc, char** argv) {
     cases.push_back(decode_case(CacheFormat::bf16, 128, 64, 8192, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8, 128, 64, 8192, 2048, 0));
   }
+  if (!only.empty())
+    cases.erase(std::remove_if(cases.begin(), cases.end(),
+                               [&](const Case& c) { return c.name.find(only) == std::string::npos; }),
+                cases.end());
   std::vector<Result> results;
   for (const Case& c : cases) results.push_back(run_case(c, 3, 20));
   std::printf("\n| case | us | TFLOP/s | FlashMLA us | check |\n|---|---|---|---|---|\n");
