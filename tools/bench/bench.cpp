@@ -7,7 +7,10 @@
 // markdown, table). This file: the command line.
 #include "bench/bench.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <string>
 
 #include "bench/runner.hpp"
 #include "bench/workloads.hpp"
@@ -22,14 +25,23 @@ using bench::Options;
 const char* kUsage =
     "usage: dsmla bench [--json FILE] [--md FILE] [--quick] [--repeats N] [--warmup N]\n"
     "                   [--prefill-cache bf16|fp8_ds_mla|fp8] [--anchors FILE] [--calibrate FILE]\n"
+    "                   [--only attention,mixed,graph,indexer]\n"
     "  Times the dense route, the sparse route and each kernel alone for 16384 prefill\n"
     "  tokens (S in 128..4096, H 128 and 16) and fp8_ds_mla decode (H 128 and 64, batch\n"
     "  1..128, 8192-token contexts, topk 2048), next to a cuBLAS bf16 GEMM and a device\n"
     "  copy measured in the same run; then a mixed serving batch (a 4096-token prompt, eight\n"
     "  of 300..2000, 32 decodes; fp8_ds_mla, H 128 and 64): its forward on one stream and with\n"
     "  DSMLA_OVERLAP_PATHS=1, and its dense and sparse requests alone; then one fp8_ds_mla\n"
-    "  decode step (batch 64, H 128) eager and replayed from a captured CUDA graph.\n"
-    "  --quick: S 1024, H 128, decode batch 64, mixed H 128 only.\n"
+    "  decode step (batch 64, H 128) eager and replayed from a captured CUDA graph; then the\n"
+    "  lightning indexer (64 heads x 128, topk 2048, block 64): its launches of one run() for\n"
+    "  a prefill of 4K..32K tokens and decode batch 1 / 16 / 64 at contexts 4K and 64K against\n"
+    "  the published DeepGEMM + torch.topk figures (not same-run), the fp8 logits kernel alone\n"
+    "  on 16K tokens against a cuBLASLt e4m3 GEMM of the same run, and a mixed batch with half\n"
+    "  its prefill tokens dense, per_request against force_sparse.\n"
+    "  --quick: S 1024, H 128, decode batch 64, mixed H 128 only; indexer prefill 16K and\n"
+    "  decode B 64 at 64K.\n"
+    "  --only LIST: only these sections (comma-separated): attention (route and kernel rows),\n"
+    "  mixed, graph, indexer. The ceilings are always measured.\n"
     "  --anchors FILE: anchors_bench.py --json of the same device call; kernel rows then show\n"
     "  its FlashMLA / cuDNN / FlashAttention-3 time and ours / anchor.\n"
     "  --calibrate FILE: instead, both routes of chunks of context 0..2000 and 2..2048 new\n"
@@ -48,6 +60,18 @@ Options parse_options(const Args& args) {
   o.anchors_path = args.get("--anchors", "");
   o.repeats = static_cast<int>(args.get_int("--repeats", o.repeats, 1, 100000));
   o.warmup = static_cast<int>(args.get_int("--warmup", o.warmup, 0, 100000));
+  if (args.has("--only")) {
+    const std::string list = args.get("--only", "");
+    std::size_t start = 0;
+    while (start <= list.size()) {
+      const std::size_t comma = std::min(list.find(',', start), list.size());
+      const std::string name = list.substr(start, comma - start);
+      if (std::find(std::begin(bench::kSections), std::end(bench::kSections), name) == std::end(bench::kSections))
+        throw UsageError("--only: unknown section '" + name + "' (attention, mixed, graph, indexer)");
+      o.only.push_back(name);
+      start = comma + 1;
+    }
+  }
   if (args.has("--prefill-cache")) {
     o.prefill_cache = parse_cache_format_arg(args.get("--prefill-cache", ""), "--prefill-cache");
   }
@@ -59,7 +83,7 @@ Options parse_options(const Args& args) {
 int bench_main(int argc, char** argv) {
   const Args args("bench",
                   {{"--json"}, {"--md"}, {"--quick", true, ""}, {"--repeats"}, {"--warmup"}, {"--prefill-cache"},
-                   {"--calibrate"}, {"--anchors"}},
+                   {"--calibrate"}, {"--anchors"}, {"--only"}},
                   argc, argv);
   if (args.help()) {
     std::fputs(kUsage, stdout);

@@ -97,6 +97,39 @@ __global__ void fill_cache_kernel(std::uint32_t* words, std::int64_t total_words
   }
 }
 
+__global__ void fill_e4m3_kernel(std::uint8_t* dst, std::size_t count, std::uint64_t seed) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    dst[i] = static_cast<std::uint8_t>(finite_e4m3(static_cast<std::uint32_t>(hash2(seed, i))));
+  }
+}
+
+__global__ void fill_f32_kernel(float* dst, std::size_t count, float scale, std::uint64_t seed) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    dst[i] = signed_unit(static_cast<std::uint32_t>(hash2(seed, i))) * scale;
+  }
+}
+
+// One thread per 4-byte word of the index cache: a block is block_size * head_dim
+// code bytes, then block_size fp32 scales (both multiples of 4 bytes).
+__global__ void fill_index_cache_kernel(std::uint32_t* words, std::int64_t total_words, int words_per_block,
+                                        int code_words_per_block, std::uint64_t seed) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       w < total_words; w += stride) {
+    const std::uint64_t h = hash2(seed, static_cast<std::uint64_t>(w));
+    if (w % words_per_block < code_words_per_block) {
+      words[w] = random_e4m3x4(h);
+    } else {
+      const float amax = 2.25f + 1.75f * signed_unit(static_cast<std::uint32_t>(h));
+      words[w] = __float_as_uint(amax / 448.0f);
+    }
+  }
+}
+
 __global__ void causal_topk_kernel(CausalTopkSpec spec, std::int32_t* local_indices,
                                    const std::int32_t* block_table, std::int32_t* slots,
                                    std::int32_t* valid_counts) {
@@ -255,6 +288,33 @@ void fill_random_cache(std::uint8_t* cache, std::int64_t num_slots, CacheFormat 
       reinterpret_cast<std::uint32_t*>(cache), total_words, words_per_token,
       static_cast<int>(format), seed);
   check_cuda(cudaGetLastError(), "fill_random_cache");
+}
+
+void fill_random_e4m3(std::uint8_t* dst, std::size_t count, std::uint64_t seed, void* stream) {
+  if (count == 0) return;
+  fill_e4m3_kernel<<<fill_blocks(static_cast<std::int64_t>(count)), kFillThreads, 0, as_stream(stream)>>>(
+      dst, count, seed);
+  check_cuda(cudaGetLastError(), "fill_random_e4m3");
+}
+
+void fill_random_f32(float* dst, std::size_t count, float scale, std::uint64_t seed, void* stream) {
+  if (count == 0) return;
+  fill_f32_kernel<<<fill_blocks(static_cast<std::int64_t>(count)), kFillThreads, 0, as_stream(stream)>>>(
+      dst, count, scale, seed);
+  check_cuda(cudaGetLastError(), "fill_random_f32");
+}
+
+void fill_random_index_cache(std::uint8_t* cache, std::int64_t num_blocks, int block_size, int head_dim,
+                             std::uint64_t seed, void* stream) {
+  if (block_size < 1 || head_dim < 4 || head_dim % 4 != 0)
+    throw Error("fill_random_index_cache: block_size " + std::to_string(block_size) + ", head_dim " +
+                std::to_string(head_dim));
+  const int words_per_block = block_size * (head_dim + 4) / 4;
+  const std::int64_t total_words = num_blocks * words_per_block;
+  if (total_words == 0) return;
+  fill_index_cache_kernel<<<fill_blocks(total_words), kFillThreads, 0, as_stream(stream)>>>(
+      reinterpret_cast<std::uint32_t*>(cache), total_words, words_per_block, block_size * head_dim / 4, seed);
+  check_cuda(cudaGetLastError(), "fill_random_index_cache");
 }
 
 void fill_causal_topk(const CausalTopkSpec& spec, std::int32_t* local_indices,

@@ -25,6 +25,8 @@ namespace dsmla::cuda {
 // Defined in dense_mha/dense_mha.hpp, which only the .cu files include.
 struct DenseMhaRequest;
 struct DenseMhaWorkItem;
+// Defined in indexer/indexer.hpp.
+struct IndexerRow;
 }  // namespace dsmla::cuda
 
 namespace dsmla::cuda::bench {
@@ -93,6 +95,18 @@ void fill_causal_topk(const CausalTopkSpec& spec, std::int32_t* local_indices,
                       const std::int32_t* block_table, std::int32_t* slots,
                       std::int32_t* valid_counts, void* stream);
 
+// count e4m3 codes (bytes) uniform over all finite codes (never NaN).
+void fill_random_e4m3(std::uint8_t* dst, std::size_t count, std::uint64_t seed, void* stream);
+
+// count floats uniform in (-scale, scale), never exactly 0.
+void fill_random_f32(float* dst, std::size_t count, float scale, std::uint64_t seed, void* stream);
+
+// An index cache in the layout of indexer/indexer.hpp ([num_blocks, block_size,
+// head_dim + 4] bytes: per block the codes, then the fp32 scales): codes uniform
+// over the finite e4m3 codes, scales in [0.5, 4] / 448 (a key amax of 0.5 .. 4).
+void fill_random_index_cache(std::uint8_t* cache, std::int64_t num_blocks, int block_size, int head_dim,
+                             std::uint64_t seed, void* stream);
+
 // Writes 0, 1, ..., count-1.
 void fill_iota(std::int32_t* dst, int count, void* stream);
 
@@ -113,6 +127,13 @@ void copy_device(void* dst, const void* src, std::size_t bytes, void* stream);
 // Times C = A * B for n x n x n bf16 matrices (random, fp32 accumulation)
 // through cuBLAS; returns the per-call times in ms (2 n^3 FLOPs each).
 std::vector<float> time_cublas_gemm_bf16(int n, int warmup, int repeats);
+
+// Times D = A^T * B for n x n x n e4m3 matrices (random finite codes, unit
+// scales through the A / B scale pointers, fp32 accumulation with
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM, bf16 D) through cuBLASLt: the fastest of the
+// first heuristic algorithms (up to 8, each timed briefly) is then timed;
+// returns its per-call times in ms (2 n^3 FLOPs each) and describes it in *algo.
+std::vector<float> time_cublaslt_gemm_fp8(int n, int warmup, int repeats, std::string* algo);
 
 // Times one cudaMemcpyAsync device -> device of `bytes`; returns ms per copy
 // (2 * bytes move through memory: read + write).
@@ -162,5 +183,44 @@ struct DenseKernelArgs {
   float* lse = nullptr;                   // [T, H]
 };
 void launch_dense_kernel(const DenseKernelArgs& args, void* stream);
+
+// The lightning indexer's launches as the CUDA backend's run() makes them for a
+// plan with PlanOptions::indexer (src/cuda/backend/cuda_backend.cu, run_indexer):
+// the plan's indexer rows and per-token fill counts, on the device.
+struct IndexerSchedule {
+  DeviceBuffer<IndexerRow> rows;            // = plan.indexer_rows
+  DeviceBuffer<std::int32_t> fill_counts;   // [T]: pos + 1 (sparse, pos < topk), -1 (indexer row), 0 (other)
+  int num_rows = 0;
+  int max_pos = 0;
+};
+IndexerSchedule upload_indexer_schedule(const Plan& plan);
+
+struct IndexerArgs {
+  const IndexerSchedule* schedule = nullptr;
+  const std::uint8_t* index_q = nullptr;       // [T, heads, head_dim] e4m3 codes
+  const float* weights = nullptr;              // [T, heads]
+  const std::uint16_t* index_k = nullptr;      // [T, head_dim] bf16
+  std::uint8_t* index_cache = nullptr;         // [num_blocks, block_size, head_dim + 4]
+  std::int64_t num_blocks = 0;
+  int block_size = 0;
+  const std::int32_t* block_table = nullptr;   // [R, max_blocks_per_request]
+  int max_blocks_per_request = 0;
+  const std::int64_t* slot_mapping = nullptr;  // [T]
+  int num_tokens = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  int topk = 0;
+  std::int32_t* topk_out = nullptr;            // [T, topk]
+  void* workspace = nullptr;                   // indexer_scratch_bytes(...) bytes, 256-byte aligned
+};
+// The logits scratch launch_indexer_topk needs for the schedule (indexer.hpp).
+std::size_t indexer_scratch_bytes(const IndexerSchedule& schedule, int num_heads, int topk);
+// The whole indexer work of one run(): index-cache write of every token, the
+// top-k fill of the rows that need no logits, logits + top-k of the indexer
+// rows (launch_indexer_topk, the default logits kernel).
+void launch_indexer(const IndexerArgs& args, void* stream);
+// The fp8 tensor-core (wgmma) logits kernel alone over the indexer rows, in the
+// workspace chunks launch_indexer_topk uses (no top-k, no cache write).
+void launch_indexer_logits(const IndexerArgs& args, void* stream);
 
 }  // namespace dsmla::cuda::bench

@@ -1,14 +1,19 @@
 // Launch one attention kernel alone on benchmark buffers: thin adapters from
 // the plain-typed arguments of bench_device.hpp to the launchers' params.
 // Params are value-initialised and filled by field name, so fields the
-// kernel authors add later keep their defaults.
+// kernel authors add later keep their defaults. The indexer: its launches as
+// the CUDA backend's run() makes them, and its fp8 logits kernel alone.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "bench/bench_device.hpp"
+#include "cuda/backend/backend_kernels.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
+#include "cuda/indexer/indexer.hpp"
+#include "cuda/indexer/indexer_kernels.cuh"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 
 namespace dsmla::cuda::bench {
@@ -68,6 +73,88 @@ void launch_dense_kernel(const DenseKernelArgs& a, void* stream) {
   p.out = as_bf16(a.out);
   p.lse = a.lse;
   launch_dense_mha(p, static_cast<cudaStream_t>(stream));
+}
+
+IndexerSchedule upload_indexer_schedule(const Plan& plan) {
+  if (!plan.options.indexer) throw Error("upload_indexer_schedule: the plan was made without PlanOptions::indexer");
+  // What CudaBackend::on_plan uploads for run_indexer.
+  std::vector<IndexerRow> rows;
+  rows.reserve(plan.indexer_rows.size());
+  for (const dsmla::IndexerRow& r : plan.indexer_rows) rows.push_back({r.token, r.request, r.pos});
+  std::vector<std::int32_t> fill(static_cast<std::size_t>(plan.num_tokens), 0);
+  for (const std::int32_t t : plan.full_set_tokens) fill[t] = plan.token_position[t] + 1;
+  for (const dsmla::IndexerRow& r : plan.indexer_rows) fill[r.token] = -1;
+  IndexerSchedule s;
+  s.rows.upload(rows);
+  s.fill_counts.upload(fill);
+  s.num_rows = static_cast<int>(rows.size());
+  s.max_pos = plan.max_indexer_pos;
+  return s;
+}
+
+std::size_t indexer_scratch_bytes(const IndexerSchedule& schedule, int num_heads, int topk) {
+  return indexer_workspace_bytes(schedule.num_rows, schedule.max_pos, num_heads, topk);
+}
+
+namespace {
+
+IndexerTopkParams topk_params(const IndexerArgs& a) {
+  if (a.schedule == nullptr) throw Error("indexer launch: no schedule");
+  IndexerTopkParams p{};
+  p.index_q = a.index_q;
+  p.weights = a.weights;
+  p.index_cache = a.index_cache;
+  p.num_blocks = a.num_blocks;
+  p.block_size = a.block_size;
+  p.block_table = a.block_table;
+  p.max_blocks_per_request = a.max_blocks_per_request;
+  p.rows = a.schedule->rows.data();
+  p.num_rows = a.schedule->num_rows;
+  p.max_pos = a.schedule->max_pos;
+  p.num_heads = a.num_heads;
+  p.head_dim = a.head_dim;
+  p.topk = a.topk;
+  p.topk_out = a.topk_out;
+  p.workspace = a.workspace;
+  return p;
+}
+
+}  // namespace
+
+void launch_indexer(const IndexerArgs& a, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const IndexerTopkParams p = topk_params(a);
+  IndexCacheWriteParams w{};
+  w.index_k = a.index_k;
+  w.slot_mapping = a.slot_mapping;
+  w.index_cache = a.index_cache;
+  w.num_tokens = a.num_tokens;
+  w.head_dim = a.head_dim;
+  w.block_size = a.block_size;
+  w.num_blocks = a.num_blocks;
+  launch_index_cache_write(w, s);
+  TopkFillParams f{};
+  f.fill_counts = a.schedule->fill_counts.data();
+  f.num_tokens = a.num_tokens;
+  f.topk = a.topk;
+  f.topk_out = a.topk_out;
+  launch_fill_topk_rows(f, s);
+  launch_indexer_topk(p, s);
+}
+
+void launch_indexer_logits(const IndexerArgs& a, void* stream) {
+  const IndexerTopkParams p = topk_params(a);
+  if (p.num_rows == 0 || p.max_pos + 1 <= p.topk) return;  // no row needs logits
+  if (p.workspace == nullptr) throw Error("launch_indexer_logits: missing workspace");
+  // The workspace holds chunk_rows rows of `stride` uint32 keys (indexer.hpp):
+  // indexer_workspace_bytes of one row is one row's stride.
+  const std::size_t stride = indexer_workspace_bytes(1, p.max_pos, p.num_heads, p.topk) / 4;
+  const int chunk = static_cast<int>(indexer_workspace_bytes(p.num_rows, p.max_pos, p.num_heads, p.topk) / 4 / stride);
+  auto* keys = static_cast<std::uint32_t*>(p.workspace);
+  for (int r0 = 0; r0 < p.num_rows; r0 += chunk) {
+    indexer::launch_logits_wgmma(p, r0, std::min(chunk, p.num_rows - r0), static_cast<int>(stride), keys,
+                                 static_cast<cudaStream_t>(stream));
+  }
 }
 
 }  // namespace dsmla::cuda::bench

@@ -22,6 +22,10 @@ double median_of(std::vector<float> s) {
   return n % 2 ? s[n / 2] : 0.5 * (static_cast<double>(s[n / 2 - 1]) + s[n / 2]);
 }
 
+double IndexerResult::value() const {
+  return work.kind == IndexerKind::logits_alone ? tflops() : median_ms();
+}
+
 Row make_row(What what, const Work& w) {
   Row r;
   r.what = what;
@@ -103,6 +107,71 @@ json row_json(const Row& r, const Ceilings& c) {
   return j;
 }
 
+// "ours / published" for prefill and decode, "logits / fp8 GEMM", "per_request / force_sparse".
+const char* indexer_ratio_name(IndexerKind k) {
+  switch (k) {
+    case IndexerKind::logits_alone: return "logits TFLOP/s / fp8 GEMM TFLOP/s";
+    case IndexerKind::routing_skip: return "per_request / force_sparse";
+    default: return "ours / published";
+  }
+}
+
+json indexer_json(const Report& rep) {
+  json rows = json::array();
+  for (const IndexerResult& r : rep.indexer) {
+    json j = {{"what", r.name()},
+              {"workload", r.work.label()},
+              {"timed", r.timed},
+              {"seq_lens", r.work.seq_lens},
+              {"query_lens", r.work.query_lens},
+              {"index_heads", kIndexHeads},
+              {"index_head_dim", kIndexHeadDim},
+              {"topk", kTopk},
+              {"block_size", kBlockSize},
+              {"tokens", r.tokens},
+              {"logit_rows", r.logit_rows},
+              {"shortcut_rows", r.shortcut_rows},
+              {"dense_tokens", r.dense_tokens},
+              {"flops", r.flops},
+              {"input_copies", r.input_copies}};
+    if (r.ok()) {
+      j["median_ms"] = r.median_ms();
+      j["samples_ms"] = r.samples_ms;
+      j["tflops"] = r.tflops();
+    }
+    if (r.run_indexer_ms > 0 && r.run_topk_ms > 0) {
+      j["run_check"] = {{"heads", kIndexerRunHeads},
+                        {"cache_format", std::string(to_string(kIndexerRunCache))},
+                        {"run_with_index_inputs_ms", r.run_indexer_ms},
+                        {"run_with_topk_indices_ms", r.run_topk_ms},
+                        {"difference_ms", r.run_indexer_ms - r.run_topk_ms}};
+    }
+    if (!r.force_sparse_samples_ms.empty()) {
+      j["force_sparse"] = {{"median_ms", median_of(r.force_sparse_samples_ms)},
+                           {"samples_ms", r.force_sparse_samples_ms}};
+    }
+    if (r.reference > 0) {
+      j["reference"] = {{"value", r.reference},
+                        {"unit", r.work.kind == IndexerKind::logits_alone ? "TFLOP/s" : "ms"},
+                        {"what", r.reference_what},
+                        {"same_run", r.reference_same_run}};
+      j["ratio"] = {{"name", indexer_ratio_name(r.work.kind)},
+                    {"bar", r.bar},
+                    {"bar_is", r.bar_at_most ? "at most" : "at least"}};
+      if (r.ok()) {
+        j["ratio"]["value"] = r.ratio();
+        j["ratio"]["meets_bar"] = r.meets();
+      }
+    } else if (!r.reference_what.empty()) {
+      j["reference"] = {{"what", r.reference_what}};
+    }
+    if (!r.note.empty()) j["note"] = r.note;
+    if (!r.error.empty()) j["error"] = r.error;
+    rows.push_back(j);
+  }
+  return rows;
+}
+
 json report_json(const Report& rep) {
   json j;
   j["tool"] = "dsmla bench";
@@ -125,6 +194,16 @@ json report_json(const Report& rep) {
                      {"tflops", rep.ceilings.gemm_tflops}}},
       {"device_copy", {{"bytes_each_way", kCopyCeilingBytes}, {"median_ms", median_of(rep.ceilings.copy_ms)},
                        {"tbps_read_plus_write", rep.ceilings.copy_tbps}}}};
+  if (!rep.ceilings.fp8_gemm_ms.empty() || !rep.ceilings.fp8_gemm_error.empty()) {
+    json fp8 = {{"n", kFp8GemmCeilingN}, {"what", rep.ceilings.fp8_gemm_algo}};
+    if (rep.ceilings.fp8_gemm_error.empty()) {
+      fp8["median_ms"] = median_of(rep.ceilings.fp8_gemm_ms);
+      fp8["tflops"] = rep.ceilings.fp8_gemm_tflops;
+    } else {
+      fp8["error"] = rep.ceilings.fp8_gemm_error;
+    }
+    j["ceilings"]["gemm_fp8_e4m3"] = fp8;
+  }
   j["anchor_source"] = kAnchorSource;
   if (!rep.same_run_source.empty()) j["same_run_anchor_source"] = rep.same_run_source;
   j["rows"] = json::array();
@@ -144,6 +223,7 @@ json report_json(const Report& rep) {
     }
     j["mixed"].push_back(row);
   }
+  if (!rep.indexer.empty()) j["indexer"] = indexer_json(rep);
   if (rep.graph) {
     const GraphRow& g = *rep.graph;
     j["decode_graph"] = {{"batch", g.batch}, {"heads", g.heads}, {"cache", "fp8_ds_mla"}, {"seq_len", kDecodeSeqLen}};
@@ -178,6 +258,63 @@ std::string mixed_markdown(const Report& rep) {
     md += fmt("%.3f", m.forward_ms) + " | " + fmt("%.3f", m.overlap_ms) + " | " + fmt("%.3f", m.dense_alone_ms) +
           " | " + fmt("%.3f", m.sparse_alone_ms) + " | " + fmt("%.2fx", m.forward_ms / sum) + " | " +
           fmt("%.2fx", m.overlap_ms / sum) + " |\n";
+  }
+  return md + "\n";
+}
+
+std::string indexer_markdown(const Report& rep) {
+  if (rep.indexer.empty()) return "";
+  std::string md = "## Lightning indexer (issue 10): " + std::to_string(kIndexHeads) + " heads x " +
+                   std::to_string(kIndexHeadDim) + ", topk " + std::to_string(kTopk) + ", block " +
+                   std::to_string(kBlockSize) + "\n\n";
+  md += "Prefill and decode rows time the indexer's launches of one run() (index-cache write of every new token, "
+        "top-k fill of the rows below topk, fp8 logits + top-k of the rows at position >= topk; exactly what the "
+        "CUDA backend launches for the plan). The run() columns are the cross-check: run() with the index inputs "
+        "and run() of the same batch with precomputed topk_indices (H " + std::to_string(kIndexerRunHeads) + ", " +
+        std::string(to_string(kIndexerRunCache)) + "). Reference: **published** = DeepGEMM fp8_mqa_logits + "
+        "torch.topk from ANCHORS.md, **not measured in this run**; **interpolated** = not a published figure either; "
+        "**same run** = measured in this call.\n\n";
+  md += "| workload | what | logit rows | ms | TFLOP/s | run() with index ms | run() with topk ms | difference ms | "
+        "reference | source | ratio | bar | meets |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const IndexerResult& r : rep.indexer) {
+    md += "| " + r.name() + " " + r.work.label() + " | " + r.timed + " | " + std::to_string(r.logit_rows) + " | ";
+    if (!r.ok()) {
+      md += "error: " + r.error + " | | | | | | | | | |\n";
+      continue;
+    }
+    md += fmt("%.3f", r.median_ms()) + " | " + (r.flops > 0 ? fmt("%.0f", r.tflops()) : "–") + " | ";
+    if (r.run_indexer_ms > 0 && r.run_topk_ms > 0) {
+      md += fmt("%.3f", r.run_indexer_ms) + " | " + fmt("%.3f", r.run_topk_ms) + " | " +
+            fmt("%.3f", r.run_indexer_ms - r.run_topk_ms) + " | ";
+    } else {
+      md += "– | – | – | ";
+    }
+    const bool tflops = r.work.kind == IndexerKind::logits_alone;
+    if (r.reference > 0) {
+      const std::string source = r.reference_same_run ? "same run"
+                                 : r.reference_what.find("interpolation") != std::string::npos
+                                     ? "interpolated from published, not same-run"
+                                     : "published, not same-run";
+      md += (tflops ? fmt("%.0f TFLOP/s", r.reference) : fmt("%.3f ms", r.reference)) + " " + r.reference_what +
+            " | " + source + " | " + fmt("%.2f", r.ratio()) + " (" + indexer_ratio_name(r.work.kind) + ") | " +
+            (r.bar_at_most ? "<= " : ">= ") + fmt("%.2f", r.bar) + " | " + (r.meets() ? "yes" : "**no**") + " |\n";
+    } else {
+      md += (r.reference_what.empty() ? std::string("none published") : r.reference_what) + " | – | – | " +
+            (r.bar_at_most ? "<= " : ">= ") + fmt("%.2f", r.bar) + " | – |\n";
+    }
+  }
+  const Ceilings& c = rep.ceilings;
+  if (!c.fp8_gemm_ms.empty()) {
+    md += "\nfp8 ceiling of this run: " + c.fp8_gemm_algo + ", " + std::to_string(kFp8GemmCeilingN) + "^3: " +
+          fmt("%.3f", median_of(c.fp8_gemm_ms)) + " ms, **" + fmt("%.0f", c.fp8_gemm_tflops) + " TFLOP/s**.\n";
+  } else if (!c.fp8_gemm_error.empty()) {
+    md += "\nfp8 ceiling of this run failed: " + c.fp8_gemm_error + "\n";
+  }
+  bool first = true;
+  for (const IndexerResult& r : rep.indexer) {
+    if (r.note.empty()) continue;
+    md += std::string(first ? "\nNotes:\n\n" : "") + "- " + r.name() + " " + r.work.label() + ": " + r.note + "\n";
+    first = false;
   }
   return md + "\n";
 }
@@ -286,12 +423,15 @@ std::string markdown(const Report& rep) {
   }
   md += mixed_markdown(rep);
   md += graph_markdown(rep);
+  md += indexer_markdown(rep);
   return md;
 }
 
 void print_table(const Report& rep) {
-  std::printf("dsmla bench  %s  ceilings: GEMM %.0f TFLOP/s, copy %.2f TB/s\n", rep.gpu.c_str(),
+  std::printf("dsmla bench  %s  ceilings: GEMM %.0f TFLOP/s, copy %.2f TB/s", rep.gpu.c_str(),
               rep.ceilings.gemm_tflops, rep.ceilings.copy_tbps);
+  if (rep.ceilings.fp8_gemm_tflops > 0) std::printf(", fp8 GEMM %.0f TFLOP/s", rep.ceilings.fp8_gemm_tflops);
+  std::printf("\n");
   std::printf("%-14s %5s %4s %5s %9s %8s %6s %6s %6s %9s %8s\n", "what", "S", "H", "batch", "ms", "TFLOP/s",
               "%gemm", "TB/s", "%copy", "anchor", "anc/ours");
   for (const Row& r : rep.rows) {
@@ -321,6 +461,25 @@ void print_table(const Report& rep) {
   if (rep.graph && rep.graph->ok())
     std::printf("decode graph batch %d H %d: eager %.4f ms, graph replay %.4f ms (%.3fx)\n", rep.graph->batch,
                 rep.graph->heads, rep.graph->eager_ms, rep.graph->graph_ms, rep.graph->graph_ms / rep.graph->eager_ms);
+  for (const IndexerResult& r : rep.indexer) {
+    std::printf("%s %s: ", r.name().c_str(), r.work.label().c_str());
+    if (!r.ok()) {
+      std::printf("ERROR: %s\n", r.error.c_str());
+      continue;
+    }
+    std::printf("%.3f ms", r.median_ms());
+    if (r.flops > 0) std::printf(", %.0f TFLOP/s", r.tflops());
+    if (r.run_indexer_ms > 0 && r.run_topk_ms > 0)
+      std::printf(", run() %.3f - %.3f = %.3f ms", r.run_indexer_ms, r.run_topk_ms, r.run_indexer_ms - r.run_topk_ms);
+    if (r.reference > 0) {
+      std::printf(" | %s = %.2f (bar %s %.2f: %s) | reference %.3f%s, %s", indexer_ratio_name(r.work.kind),
+                  r.ratio(), r.bar_at_most ? "<=" : ">=", r.bar, r.meets() ? "met" : "NOT met", r.reference,
+                  r.work.kind == IndexerKind::logits_alone ? " TFLOP/s" : " ms", r.reference_what.c_str());
+    } else {
+      std::printf(" | no reference figure");
+    }
+    std::printf("\n");
+  }
   std::fflush(stdout);
 }
 

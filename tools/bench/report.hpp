@@ -13,10 +13,13 @@
 
 namespace dsmla::tools::bench {
 
-// Same-run ceilings (DESIGN §7): cuBLAS bf16 GEMM and device-to-device copy.
+// Same-run ceilings (DESIGN §7): cuBLAS bf16 GEMM and device-to-device copy;
+// for the indexer's fp8 logits kernel, a cuBLASLt e4m3 GEMM (empty when the
+// indexer section does not run, or when it failed: fp8_gemm_error).
 struct Ceilings {
-  std::vector<float> gemm_ms, copy_ms;
-  double gemm_tflops = 0, copy_tbps = 0;
+  std::vector<float> gemm_ms, copy_ms, fp8_gemm_ms;
+  double gemm_tflops = 0, copy_tbps = 0, fp8_gemm_tflops = 0;
+  std::string fp8_gemm_algo, fp8_gemm_error;
 };
 
 double median_of(std::vector<float> s);
@@ -70,6 +73,41 @@ struct GraphRow {
   bool ok() const { return error.empty(); }
 };
 
+// One indexer workload (issue 10): the median time of what `timed` names, and
+// its comparison: value / reference against the bar (at most or at least).
+struct IndexerResult {
+  IndexerWork work;
+  std::string timed;                 // what the timed region holds
+  std::int64_t tokens = 0;
+  int logit_rows = 0;                // tokens at position >= topk on the sparse path (plan.indexer_rows)
+  int shortcut_rows = 0;             // sparse tokens below topk: their full set, no logits
+  int dense_tokens = 0;              // tokens routed dense (no indexer selection)
+  double flops = 0;                  // causal logits work, plan.indexer_flops
+  int input_copies = 1;              // copies of the index inputs rotated per call
+  std::vector<float> samples_ms;
+  // run() cross-check (prefill and decode): the median of run() with the index
+  // inputs and of run() of the same batch with precomputed topk_indices (0: not timed).
+  double run_indexer_ms = 0, run_topk_ms = 0;
+  // routing_skip: the same batch planned force_sparse (its flops and rows in the note).
+  std::vector<float> force_sparse_samples_ms;
+  // The comparison: value (ms, or TFLOP/s for logits_alone) / reference.
+  double reference = 0;              // 0: none
+  std::string reference_what;        // where it comes from: published (not same-run) or same run
+  bool reference_same_run = false;
+  double bar = 0;
+  bool bar_at_most = true;           // ratio <= bar meets it (else ratio >= bar)
+  std::string note, error;
+
+  bool ok() const { return error.empty() && !samples_ms.empty(); }
+  double median_ms() const { return median_of(samples_ms); }
+  double tflops() const { return ok() && flops > 0 ? flops / (median_ms() * 1e-3) / 1e12 : 0; }
+  // logits_alone: TFLOP/s; routing_skip: per_request / force_sparse; else ours / published.
+  double value() const;
+  double ratio() const { return reference > 0 && ok() ? value() / reference : 0; }
+  bool meets() const { return ratio() > 0 && (bar_at_most ? ratio() <= bar : ratio() >= bar); }
+  std::string name() const { return name_of(work.kind); }
+};
+
 struct Report {
   std::string date, commit, gpu;
   nlohmann::json gpu_json;
@@ -78,6 +116,7 @@ struct Report {
   std::vector<Row> rows;
   std::vector<MixedRow> mixed;
   std::optional<GraphRow> graph;
+  std::vector<IndexerResult> indexer;
   std::string same_run_source;  // --anchors: the file and what it names
 };
 

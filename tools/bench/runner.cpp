@@ -94,6 +94,13 @@ ForwardInputs forward_inputs(InputCopy& in, const DeviceMetadata& m, bool with_t
   return f;
 }
 
+// Enough copies of the inputs that one pass over them exceeds 2 x L2.
+int input_copies_for(double footprint_bytes, std::size_t l2_bytes) {
+  const double l2 = static_cast<double>(l2_bytes > 0 ? l2_bytes : kFallbackL2Bytes);
+  if (footprint_bytes >= 2 * l2) return 1;
+  return std::clamp(static_cast<int>(std::ceil(2 * l2 / std::max(footprint_bytes, 1.0))), 1, kMaxInputCopies);
+}
+
 class Runner {
  public:
   Runner(const Options& options, const dev::DeviceInfo& info, const SameRunAnchors* anchors)
@@ -110,6 +117,18 @@ class Runner {
     c.copy_ms = dev::time_device_copy(kCopyCeilingBytes, options_.warmup + 5, repeats);
     c.copy_tbps = 2.0 * static_cast<double>(kCopyCeilingBytes) / (median_of(c.copy_ms) * 1e-3) / 1e12;
     progress("  %.3f ms, %.2f TB/s (read + write)", median_of(c.copy_ms), c.copy_tbps);
+    if (options_.runs("indexer")) {
+      progress("ceiling: cuBLASLt e4m3 GEMM %d^3", kFp8GemmCeilingN);
+      try {
+        c.fp8_gemm_ms = dev::time_cublaslt_gemm_fp8(kFp8GemmCeilingN, options_.warmup + 5, repeats, &c.fp8_gemm_algo);
+        c.fp8_gemm_tflops =
+            2.0 * std::pow(double{kFp8GemmCeilingN}, 3) / (median_of(c.fp8_gemm_ms) * 1e-3) / 1e12;
+        progress("  %.3f ms, %.0f TFLOP/s (%s)", median_of(c.fp8_gemm_ms), c.fp8_gemm_tflops, c.fp8_gemm_algo.c_str());
+      } catch (const std::exception& e) {
+        c.fp8_gemm_error = e.what();
+        progress("  error: %s", e.what());
+      }
+    }
     return c;
   }
 
@@ -165,12 +184,7 @@ class Runner {
   }
 
  private:
-  // Enough copies that one pass over them exceeds 2 x L2.
-  int copies_for(double footprint_bytes) const {
-    const double l2 = static_cast<double>(info_.l2_bytes > 0 ? info_.l2_bytes : kFallbackL2Bytes);
-    if (footprint_bytes >= 2 * l2) return 1;
-    return std::clamp(static_cast<int>(std::ceil(2 * l2 / std::max(footprint_bytes, 1.0))), 1, kMaxInputCopies);
-  }
+  int copies_for(double footprint_bytes) const { return input_copies_for(footprint_bytes, info_.l2_bytes); }
 
   // After a failure, a device that no longer synchronises cleanly has a
   // sticky error: every later row would fail the same way, so skip them.
@@ -402,15 +416,26 @@ class Runner {
   bool dense_ok_ = false;
 };
 
-// One batch of requests (seq_lens / query_lens) planned per_request, with
-// random inputs, causal random top-k sets and a shuffled block table on the
-// device, ready to run. overlap: the backend is built with
-// DSMLA_OVERLAP_PATHS=1 (the dense path on a second stream), otherwise without.
+// How a ForwardRig plans and runs its batch. overlap: the backend is built with
+// DSMLA_OVERLAP_PATHS=1 (the dense path on a second stream). indexer: planned with
+// PlanOptions::indexer (64 index heads x 128): run() takes the index inputs
+// (random e4m3 queries, fp32 weights, bf16 keys, a random index cache) instead of
+// topk_indices; index_copies copies of them are rotated per call.
+struct RigOptions {
+  bool overlap = false;
+  RoutingPolicy policy = RoutingPolicy::per_request;
+  bool indexer = false;
+  int index_copies = 1;
+};
+
+// One batch of requests (seq_lens / query_lens), planned (per_request unless
+// RigOptions says otherwise), with random inputs, causal random top-k sets and
+// a shuffled block table on the device, ready to run.
 class ForwardRig {
  public:
   ForwardRig(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens, int heads,
-             CacheFormat cache, bool overlap)
-      : host_(make_host(seq_lens, query_lens)), attention_(make_attention(heads, cache, overlap)) {
+             CacheFormat cache, const RigOptions& options = {})
+      : host_(make_host(seq_lens, query_lens)), attention_(make_attention(heads, cache, options)) {
     const BatchDesc desc = host_.desc();
     const Plan& plan = attention_->plan(desc);
     for (const RequestRoute& r : plan.routes) routed_dense_.push_back(r.path == TokenPath::dense);
@@ -432,7 +457,7 @@ class ForwardRig {
     dev::fill_random_bf16(in_.w_kv_b.data(), in_.w_kv_b.size(), 1.0f / std::sqrt(static_cast<float>(kLatentDim)), 14,
                           s);
     dev::fill_random_cache(in_.cache.data(), num_slots, cache, 15, s);
-    for (std::size_t r = 0; r < seq_lens.size(); ++r) {
+    for (std::size_t r = 0; r < seq_lens.size() && !options.indexer; ++r) {
       dev::CausalTopkSpec spec;
       spec.num_requests = 1;
       spec.query_len = query_lens[r];
@@ -442,32 +467,89 @@ class ForwardRig {
       dev::fill_causal_topk(spec, in_.topk.data() + static_cast<std::size_t>(host_.query_start_loc[r]) * kTopk,
                             nullptr, nullptr, nullptr, s);
     }
+    if (options.indexer) {
+      index_.resize(static_cast<std::size_t>(std::max(options.index_copies, 1)));
+      for (std::size_t c = 0; c < index_.size(); ++c) {
+        IndexCopy& x = index_[c];
+        const std::uint64_t seed = 0x1D3E0000ull + 7919 * c;
+        x.q = DeviceBuffer<std::uint8_t>(t * kIndexHeads * kIndexHeadDim);
+        x.weights = DeviceBuffer<float>(t * kIndexHeads);
+        x.k = DeviceBuffer<std::uint16_t>(t * kIndexHeadDim);
+        x.cache = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(num_slots) * (kIndexHeadDim + 4));
+        dev::fill_random_e4m3(x.q.data(), x.q.size(), seed + 1, s);
+        dev::fill_random_f32(x.weights.data(), x.weights.size(), 1.0f / kIndexHeads, seed + 2, s);
+        dev::fill_random_bf16(x.k.data(), x.k.size(), 1.0f, seed + 3, s);
+        dev::fill_random_index_cache(x.cache.data(), host_.num_cache_blocks, kBlockSize, kIndexHeadDim, seed + 4, s);
+      }
+      index_schedule_ = dev::upload_indexer_schedule(plan);
+    }
     workspace_ = DeviceBuffer<std::byte>(attention_->workspace_bytes());
-    dev::synchronize_and_check(s, "batch inputs");
+    // The whole device: the pageable uploads (metadata, schedule) may still be in flight.
+    dev::synchronize_and_check(nullptr, "batch inputs");
   }
 
+  const Plan& plan() const { return attention_->current_plan(); }
   // Per request: whether the planner routed it dense.
   const std::vector<bool>& routed_dense() const { return routed_dense_; }
+  int index_copies() const { return static_cast<int>(index_.size()); }
 
   // Median of options.repeats timings of run(), enqueued one after another.
   double eager_ms(const Options& options) {
     void* s = stream_.handle();
     const std::vector<float> samples =
-        dev::time_with_events(s, options.warmup, options.repeats, [&](int) { run(); });
+        dev::time_with_events(s, options.warmup, options.repeats, [&](int i) { run(i); });
     check_output("forward");
     return median_of(samples);
+  }
+
+  // Indexer rigs: timings of the indexer's launches of run() (launch_indexer:
+  // index-cache write, top-k fill, logits + top-k), or with logits_only of the
+  // fp8 logits kernel alone, on the rig's metadata, the index inputs rotated.
+  std::vector<float> indexer_samples(const Options& options, bool logits_only) {
+    if (index_.empty()) throw Error("indexer timing of a rig planned without the indexer");
+    const Plan& p = plan();
+    void* s = stream_.handle();
+    DeviceBuffer<std::byte> scratch(dev::indexer_scratch_bytes(index_schedule_, kIndexHeads, p.options.topk));
+    DeviceBuffer<std::int32_t> topk_out(static_cast<std::size_t>(p.num_tokens) * p.options.topk);
+    auto args = [&](IndexCopy& x) {
+      dev::IndexerArgs a;
+      a.schedule = &index_schedule_;
+      a.index_q = x.q.data();
+      a.weights = x.weights.data();
+      a.index_k = x.k.data();
+      a.index_cache = x.cache.data();
+      a.num_blocks = host_.num_cache_blocks;
+      a.block_size = kBlockSize;
+      a.block_table = meta_.block_table.data();
+      a.max_blocks_per_request = host_.max_blocks_per_request;
+      a.slot_mapping = meta_.slot_mapping.data();
+      a.num_tokens = p.num_tokens;
+      a.num_heads = kIndexHeads;
+      a.head_dim = kIndexHeadDim;
+      a.topk = p.options.topk;
+      a.topk_out = topk_out.data();
+      a.workspace = scratch.data();
+      return a;
+    };
+    const int n = index_copies();
+    std::vector<float> samples = dev::time_with_events(s, options.warmup, options.repeats, [&](int i) {
+      const dev::IndexerArgs a = args(index_[i % n]);
+      logits_only ? dev::launch_indexer_logits(a, s) : dev::launch_indexer(a, s);
+    });
+    dev::synchronize_and_check(s, logits_only ? "indexer logits kernel" : "indexer launches");
+    return samples;
   }
 
   // The same, of one run() captured in a CUDA graph and replayed (after one
   // eager run, as a serving loop warms up before it captures).
   double graph_ms(const Options& options) {
     void* s = stream_.handle();
-    run();
+    run(0);
     dev::synchronize_and_check(s, "warm-up before capture");
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     DSMLA_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    run();
+    run(0);
     DSMLA_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &graph));
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -492,13 +574,17 @@ class ForwardRig {
     layout.shuffle_rng = &rng;
     return make_batch(seq_lens, query_lens, kBlockSize, layout);
   }
-  static std::unique_ptr<Attention> make_attention(int heads, CacheFormat cache, bool overlap) {
+  static std::unique_ptr<Attention> make_attention(int heads, CacheFormat cache, const RigOptions& options) {
     PlanOptions po;
     po.num_heads = heads;
     po.cache_format = cache;
     po.topk = kTopk;
+    po.policy = options.policy;
+    po.indexer = options.indexer;
+    po.index_num_heads = kIndexHeads;
+    po.index_head_dim = kIndexHeadDim;
     // The variable is read when the backend is constructed.
-    if (overlap) {
+    if (options.overlap) {
       setenv("DSMLA_OVERLAP_PATHS", "1", 1);
     } else {
       unsetenv("DSMLA_OVERLAP_PATHS");
@@ -508,7 +594,18 @@ class ForwardRig {
     return attention;
   }
 
-  void run() { attention_->run(forward_inputs(in_, meta_, true), workspace_.data(), stream_.handle()); }
+  // Call i: the index inputs of copy i % copies (indexer rigs), else topk_indices.
+  void run(int i) {
+    ForwardInputs f = forward_inputs(in_, meta_, index_.empty());
+    if (!index_.empty()) {
+      IndexCopy& x = index_[static_cast<std::size_t>(i) % index_.size()];
+      f.index_q = x.q.data();
+      f.index_weights = x.weights.data();
+      f.index_k = x.k.data();
+      f.index_cache = x.cache.data();
+    }
+    attention_->run(f, workspace_.data(), stream_.handle());
+  }
 
   void check_output(const char* what) {
     void* s = stream_.handle();
@@ -517,6 +614,13 @@ class ForwardRig {
     if (check.nonfinite != 0) throw Error(std::string(what) + ": " + std::to_string(check.nonfinite) + " non-finite outputs");
   }
 
+  // One copy of the indexer's inputs.
+  struct IndexCopy {
+    DeviceBuffer<std::uint8_t> q, cache;  // [T, 64, 128] e4m3; [blocks, 64, 132]
+    DeviceBuffer<float> weights;          // [T, 64]
+    DeviceBuffer<std::uint16_t> k;        // [T, 128] bf16
+  };
+
   BatchStorage host_;
   std::unique_ptr<Attention> attention_;
   std::vector<bool> routed_dense_;
@@ -524,6 +628,8 @@ class ForwardRig {
   InputCopy in_;  // the route's inputs only (no kernel-alone buffers)
   DeviceMetadata meta_;
   DeviceBuffer<std::byte> workspace_;
+  std::vector<IndexCopy> index_;  // indexer rigs only
+  dev::IndexerSchedule index_schedule_;
 };
 
 // A mixed batch: the forward with and without the second stream, then its
@@ -537,11 +643,11 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
   try {
     std::vector<bool> routed_dense;
     {
-      ForwardRig rig(m.seq_lens, m.query_lens, m.heads, m.cache, /*overlap=*/false);
+      ForwardRig rig(m.seq_lens, m.query_lens, m.heads, m.cache);
       row.forward_ms = rig.eager_ms(options);
       routed_dense = rig.routed_dense();
     }
-    row.overlap_ms = ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, true).eager_ms(options);
+    row.overlap_ms = ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, {.overlap = true}).eager_ms(options);
     // The requests split as the planner routed them.
     std::vector<std::int32_t> dense_seq, dense_q, sparse_seq, sparse_q;
     for (std::size_t r = 0; r < m.seq_lens.size(); ++r) {
@@ -551,8 +657,8 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
     row.dense_requests = static_cast<int>(dense_seq.size());
     row.sparse_requests = static_cast<int>(sparse_seq.size());
     if (dense_seq.empty() || sparse_seq.empty()) throw Error("the planner did not route both paths");
-    row.dense_alone_ms = ForwardRig(dense_seq, dense_q, m.heads, m.cache, false).eager_ms(options);
-    row.sparse_alone_ms = ForwardRig(sparse_seq, sparse_q, m.heads, m.cache, false).eager_ms(options);
+    row.dense_alone_ms = ForwardRig(dense_seq, dense_q, m.heads, m.cache).eager_ms(options);
+    row.sparse_alone_ms = ForwardRig(sparse_seq, sparse_q, m.heads, m.cache).eager_ms(options);
     progress("  forward %.3f ms, overlap %.3f ms, dense alone %.3f ms, sparse alone %.3f ms", row.forward_ms,
              row.overlap_ms, row.dense_alone_ms, row.sparse_alone_ms);
   } catch (const std::exception& e) {
@@ -571,7 +677,7 @@ GraphRow time_decode_graph(const Options& options) {
   progress("decode step in a CUDA graph: batch %d, H %d, fp8_ds_mla", row.batch, row.heads);
   try {
     ForwardRig rig(std::vector<std::int32_t>(row.batch, kDecodeSeqLen), std::vector<std::int32_t>(row.batch, 1),
-                   row.heads, CacheFormat::fp8_ds_mla, false);
+                   row.heads, CacheFormat::fp8_ds_mla);
     row.eager_ms = rig.eager_ms(options);
     row.graph_ms = rig.graph_ms(options);
     progress("  eager %.4f ms, graph replay %.4f ms", row.eager_ms, row.graph_ms);
@@ -580,6 +686,112 @@ GraphRow time_decode_graph(const Options& options) {
     progress("  error: %s", e.what());
   }
   return row;
+}
+
+// Issue 10's indexer rows. Prefill and decode: the indexer's launches of one
+// run() (launch_indexer: exactly the launches CudaBackend::run_indexer makes for
+// the plan, on the same index inputs), and as a cross-check run() with the index
+// inputs and run() of the same batch with precomputed topk_indices (their
+// difference is what the indexer adds to a run(), the sparse path's index
+// conversion split off into its own launch included). logits_alone: the fp8
+// logits kernel alone against the same-run cuBLASLt e4m3 GEMM rate.
+// routing_skip: the indexer's launches of the mixed batch planned per_request
+// against the same batch planned force_sparse.
+IndexerResult time_indexer(const IndexerWork& w, const Options& options, const Ceilings& ceilings,
+                           std::size_t l2_bytes) {
+  IndexerResult r;
+  r.work = w;
+  double key_bytes = 0;
+  for (std::size_t i = 0; i < w.seq_lens.size(); ++i) {
+    r.tokens += w.query_lens[i];
+    key_bytes += static_cast<double>(w.seq_lens[i]) * (kIndexHeadDim + 4);
+  }
+  // Index inputs read per call: queries, weights, new keys, the cached keys.
+  const double footprint =
+      static_cast<double>(r.tokens) * (kIndexHeads * (kIndexHeadDim + kFp32) + kIndexHeadDim * kBf16) + key_bytes;
+  r.input_copies = input_copies_for(footprint, l2_bytes);
+  progress("%s %s (%d input cop%s)", r.name().c_str(), w.label().c_str(), r.input_copies,
+           r.input_copies == 1 ? "y" : "ies");
+  const auto describe = [&](const Plan& plan) {
+    r.logit_rows = static_cast<int>(plan.indexer_rows.size());
+    r.shortcut_rows = static_cast<int>(plan.full_set_tokens.size());
+    r.dense_tokens = static_cast<int>(plan.dense_query_rows);
+    r.flops = plan.indexer_flops;
+  };
+  const RigOptions with_indexer{.indexer = true, .index_copies = r.input_copies};
+  try {
+    switch (w.kind) {
+      case IndexerKind::prefill:
+      case IndexerKind::decode: {
+        r.timed = "indexer launches of one run(): index-cache write (every new token), top-k fill (rows below topk), "
+                  "fp8 logits + top-k (rows at position >= topk)";
+        {
+          ForwardRig rig(w.seq_lens, w.query_lens, kIndexerRunHeads, kIndexerRunCache, with_indexer);
+          describe(rig.plan());
+          r.samples_ms = rig.indexer_samples(options, /*logits_only=*/false);
+          r.run_indexer_ms = rig.eager_ms(options);
+        }
+        r.run_topk_ms = ForwardRig(w.seq_lens, w.query_lens, kIndexerRunHeads, kIndexerRunCache).eager_ms(options);
+        if (const std::optional<Anchor> a = indexer_anchor(w)) {
+          r.reference = a->ms;
+          r.reference_what = a->what;
+        }
+        r.bar = kIndexerBar;
+        break;
+      }
+      case IndexerKind::logits_alone: {
+        r.timed = "fp8 wgmma logits kernel alone (no top-k, no cache write), rows at position >= topk, in "
+                  "launch_indexer_topk's workspace chunks; TFLOP/s on causal work";
+        ForwardRig rig(w.seq_lens, w.query_lens, kIndexerRunHeads, kIndexerRunCache, with_indexer);
+        describe(rig.plan());
+        r.samples_ms = rig.indexer_samples(options, /*logits_only=*/true);
+        r.reference = ceilings.fp8_gemm_tflops;
+        r.reference_what = ceilings.fp8_gemm_error.empty()
+                               ? "cuBLASLt e4m3 GEMM " + std::to_string(kFp8GemmCeilingN) + "^3, same run (TFLOP/s)"
+                               : "cuBLASLt e4m3 GEMM failed: " + ceilings.fp8_gemm_error;
+        r.reference_same_run = true;
+        r.bar = kIndexerLogitsBar;
+        r.bar_at_most = false;
+        break;
+      }
+      case IndexerKind::routing_skip: {
+        r.timed = "indexer launches of one run() planned per_request, against the same batch planned force_sparse";
+        {
+          ForwardRig rig(w.seq_lens, w.query_lens, kIndexerRunHeads, kIndexerRunCache, with_indexer);
+          describe(rig.plan());
+          r.samples_ms = rig.indexer_samples(options, false);
+        }
+        RigOptions forced = with_indexer;
+        forced.policy = RoutingPolicy::force_sparse;
+        ForwardRig rig(w.seq_lens, w.query_lens, kIndexerRunHeads, kIndexerRunCache, forced);
+        r.force_sparse_samples_ms = rig.indexer_samples(options, false);
+        const Plan& fp = rig.plan();
+        r.note = "force_sparse: " + std::to_string(fp.indexer_rows.size()) + " logit rows, " +
+                 std::to_string(fp.full_set_tokens.size()) + " shortcut rows, " +
+                 std::to_string(fp.indexer_flops / 1e12) + " TFLOP (per_request: " + std::to_string(r.logit_rows) +
+                 " logit rows, " + std::to_string(r.shortcut_rows) + " shortcut rows, " + std::to_string(r.dense_tokens) +
+                 " dense tokens, " + std::to_string(r.flops / 1e12) + " TFLOP)";
+        if (static_cast<int>(fp.indexer_rows.size()) == r.logit_rows) {
+          r.note += ". A request routes dense only when seq_len <= topk, so forced sparse its tokens all sit below "
+                    "topk and take the full-set shortcut: the per-request skip saves no logits over force_sparse here";
+        }
+        r.reference = median_of(r.force_sparse_samples_ms);
+        r.reference_what = "the same batch planned force_sparse, same run";
+        r.reference_same_run = true;
+        r.bar = kIndexerSkipBar;
+        break;
+      }
+    }
+    if (r.ok())
+      progress("  %.3f ms%s", r.median_ms(),
+               r.reference > 0 ? (", ratio " + std::to_string(r.ratio()) + (r.meets() ? " (meets " : " (misses ") +
+                                  std::to_string(r.bar) + ")").c_str()
+                               : "");
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    progress("  error: %s", e.what());
+  }
+  return r;
 }
 
 // --calibrate: both routes of every chunk of the grid, a fit per head count,
@@ -647,16 +859,22 @@ int run_bench(const Options& options) {
   Runner runner(options, info, anchors ? &*anchors : nullptr);
   rep.ceilings = runner.measure_ceilings();
   if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
-  for (const Work& w : work_list(options)) runner.run(w, rep.rows);
-  for (const MixedBatch& m : mixed_batches(options)) rep.mixed.push_back(time_mixed(m, options));
-  rep.graph = time_decode_graph(options);
+  if (options.runs("attention"))
+    for (const Work& w : work_list(options)) runner.run(w, rep.rows);
+  if (options.runs("mixed"))
+    for (const MixedBatch& m : mixed_batches(options)) rep.mixed.push_back(time_mixed(m, options));
+  if (options.runs("graph")) rep.graph = time_decode_graph(options);
+  if (options.runs("indexer"))
+    for (const IndexerWork& w : indexer_work_list(options))
+      rep.indexer.push_back(time_indexer(w, options, rep.ceilings, info.l2_bytes));
 
   print_table(rep);
   if (!options.json_path.empty()) write_file(options.json_path, report_json(rep).dump(2) + "\n");
   if (!options.md_path.empty()) write_file(options.md_path, markdown(rep));
   const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); }) &&
                       std::all_of(rep.mixed.begin(), rep.mixed.end(), [](const MixedRow& m) { return m.ok(); }) &&
-                      (!rep.graph || rep.graph->ok());
+                      (!rep.graph || rep.graph->ok()) &&
+                      std::all_of(rep.indexer.begin(), rep.indexer.end(), [](const IndexerResult& r) { return r.ok(); });
   if (!all_ok) std::fprintf(stderr, "dsmla bench: some rows failed (see the table)\n");
   return all_ok ? 0 : kExitRuntime;
 }

@@ -3,6 +3,7 @@
 // compulsory-byte counts, the reference figures they are compared with, and
 // the host metadata of a batch. Host code only.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -28,6 +29,9 @@ constexpr std::size_t kFallbackL2Bytes = 60u << 20;
 constexpr int kMaxInputCopies = 64;
 constexpr double kBf16 = 2, kFp32 = 4, kInt32 = 4;
 
+// The sections of a run (--only takes a comma-separated list of them).
+inline constexpr const char* kSections[] = {"attention", "mixed", "graph", "indexer"};
+
 struct Options {
   std::string json_path, md_path;
   std::string calibrate_path;  // --calibrate FILE: time the calibration grid, write the cost factors
@@ -36,6 +40,11 @@ struct Options {
   int repeats = 30;
   int warmup = 5;
   CacheFormat prefill_cache = CacheFormat::bf16;
+  std::vector<std::string> only;  // --only: the sections to run (empty: all of kSections)
+
+  bool runs(const std::string& section) const {
+    return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
+  }
 };
 
 // ---------------------------------------------------------------- work and its counts
@@ -130,6 +139,55 @@ SameRunAnchors load_same_run_anchors(const std::string& path);
 // the faster of cuDNN and FlashAttention-3 (S, H), FlashMLA fp8 decode (batch, H).
 // Routes have none (the anchors time no GEMMs).
 std::optional<Anchor> same_run_anchor_for(What what, const Work& w, const SameRunAnchors& anchors);
+
+// ---------------------------------------------------------------- lightning indexer (issue 10)
+constexpr int kIndexHeads = 64;     // DeepSeek-V3.2's indexer: 64 heads x 128, fp8 keys
+constexpr int kIndexHeadDim = 128;
+constexpr int kFp8GemmCeilingN = 8192;
+// The attention of the run() cross-check of the indexer rows.
+constexpr int kIndexerRunHeads = 128;
+constexpr CacheFormat kIndexerRunCache = CacheFormat::fp8_ds_mla;
+// Issue 10's bars: indexer time at most 0.7x the published DeepGEMM + torch.topk
+// figure; the fp8 logits kernel at least 60% of the same-run cuBLASLt fp8 GEMM
+// rate; a mixed batch's indexer time under per_request at most 0.55x of the same
+// batch forced sparse.
+constexpr double kIndexerBar = 0.7, kIndexerLogitsBar = 0.6, kIndexerSkipBar = 0.55;
+
+enum class IndexerKind {
+  prefill,       // one sequence of S new tokens: the indexer's launches of run()
+  decode,        // batch B, one new token over a context of seq_len positions
+  logits_alone,  // the fp8 logits kernel alone on one sequence of S tokens
+  routing_skip,  // a mixed batch: indexer under per_request vs the same batch forced sparse
+};
+const char* name_of(IndexerKind k);
+
+// One indexer workload: requests of seq_lens positions, the last query_lens of them new.
+// 64 index heads x 128, topk 2048, block 64; the attention inputs of the run()
+// cross-check are fp8_ds_mla, H 128.
+struct IndexerWork {
+  IndexerKind kind = IndexerKind::prefill;
+  std::vector<std::int32_t> seq_lens, query_lens;
+  int batch = 0;    // prefill / logits: 1; decode: B; mixed: the number of requests
+  int seq_len = 0;  // prefill / logits: S; decode: the context (positions, new token included); mixed: 0
+  std::string label() const;  // e.g. "prefill S 16384", "decode B 16 ctx 65536"
+};
+
+// Prefill S 4K / 8K / 16K / 32K, decode B 1 / 16 / 64 at contexts 4K and 64K,
+// the logits kernel alone on 16K, and the mixed batch of routing_skip_batch()
+// (--quick: prefill 16K, decode B 64 at 64K, logits 16K, the mixed batch).
+std::vector<IndexerWork> indexer_work_list(const Options& o);
+
+// A mixed batch where half of the prefill tokens route dense under per_request:
+// one 8192-token prompt (sparse), four 2048-token prompts (dense: seq_len <= topk),
+// and 32 decodes over contexts of 3000..7247 tokens.
+IndexerWork routing_skip_batch();
+
+// The published DeepGEMM fp8_mqa_logits + torch.topk figure of a prefill or
+// decode row (ANCHORS.md, "Lightning indexer": third party, not same-run), or
+// none (prefill 32K). Decode batch 16 has no published figure: its anchor is
+// the linear interpolation in batch between the published batch 1 and batch 64
+// figures, and its `what` says so.
+std::optional<Anchor> indexer_anchor(const IndexerWork& w);
 
 // ---------------------------------------------------------------- host batch metadata
 // Metadata of a uniform batch with a shuffled block table (every request's
