@@ -1,7 +1,8 @@
 """dsmla.torch: dsmla as the torch.library custom op ``dsmla::forward``.
 
-The op declares what it writes (kv_cache, out, lse and the scratch
-workspace) and has a fake implementation, so ``torch.compile`` traces it
+The op declares what it writes (kv_cache, out, lse, the scratch workspace,
+and with the lightning indexer index_cache and topk_indices_out) and has a
+fake implementation, so ``torch.compile`` traces it
 without a graph break; on CUDA it runs on torch's current stream without
 allocating or synchronising, so it can be captured in a CUDA graph.
 
@@ -11,6 +12,10 @@ allocating or synchronising, so it can be captured in a CUDA graph.
     att.plan(query_start_loc, seq_lens, block_table, slot_mapping, num_blocks, block_size)  # host metadata
     out, lse = att(q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens, query_start_loc,
                    slot_mapping, topk_indices, softmax_scale)                            # device tensors
+
+With ``indexer=True`` dsmla's lightning indexer (DESIGN §6) chooses the top-k:
+topk_indices is None and the index inputs come as keywords (index_q,
+index_weights, index_k, index_cache; topk_indices_out receives the selection).
 
 Importing this module imports torch; ``import dsmla`` alone does not.
 """
@@ -31,13 +36,19 @@ _live = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
 
 
-@torch.library.custom_op("dsmla::forward", mutates_args=("kv_cache", "out", "lse", "workspace"))
+@torch.library.custom_op("dsmla::forward",
+                         mutates_args=("kv_cache", "out", "lse", "workspace", "index_cache", "topk_indices_out"))
 def forward(handle: int, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, w_kv_b: torch.Tensor,
             kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
             query_start_loc: torch.Tensor, slot_mapping: torch.Tensor, topk_indices: Optional[torch.Tensor],
             out: torch.Tensor, lse: torch.Tensor, workspace: torch.Tensor, softmax_scale: float,
-            k_scale: float, q_scale: float) -> None:
-    """One planned forward of the Attention registered under `handle` (see Attention.forward)."""
+            k_scale: float, q_scale: float, index_q: Optional[torch.Tensor], index_weights: Optional[torch.Tensor],
+            index_k: Optional[torch.Tensor], index_cache: Optional[torch.Tensor],
+            topk_indices_out: Optional[torch.Tensor]) -> None:
+    """One planned forward of the Attention registered under `handle` (see Attention.forward).
+    The index arguments are None unless the Attention has indexer=True (no
+    defaults: torch 2.11 bumps the versions of the mutated arguments by
+    position, and an omitted trailing one is then out of range)."""
     att = _live.get(handle)
     if att is None:
         raise RuntimeError(f"dsmla::forward: no live dsmla.torch.Attention has handle {handle}")
@@ -47,18 +58,22 @@ def forward(handle: int, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor
     # which is extra work here and illegal while a CUDA graph is captured.
     c = _capsule
     att._native.run(c(q), c(kv_c), c(k_pe), c(w_kv_b), c(kv_cache), c(block_table), c(seq_lens),
-                    c(query_start_loc), c(slot_mapping), None if topk_indices is None else c(topk_indices),
-                    c(out), c(lse), softmax_scale, k_scale, workspace=c(workspace), stream=stream, q_scale=q_scale)
+                    c(query_start_loc), c(slot_mapping), c(topk_indices), c(out), c(lse), softmax_scale, k_scale,
+                    workspace=c(workspace), stream=stream, q_scale=q_scale, index_q=c(index_q),
+                    index_weights=c(index_weights), index_k=c(index_k), index_cache=c(index_cache),
+                    topk_indices_out=c(topk_indices_out))
 
 
 @forward.register_fake
 def _forward_fake(handle, q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens, query_start_loc, slot_mapping,
-                  topk_indices, out, lse, workspace, softmax_scale, k_scale, q_scale):
+                  topk_indices, out, lse, workspace, softmax_scale, k_scale, q_scale, index_q, index_weights, index_k,
+                  index_cache, topk_indices_out):
     # Writes only into its arguments: nothing to allocate, nothing returned.
     return None
 
 
-_capsule = torch.utils.dlpack.to_dlpack
+def _capsule(x):
+    return None if x is None else torch.utils.dlpack.to_dlpack(x)
 
 
 def _host(x, dtype):
@@ -72,17 +87,23 @@ class Attention:
     """dsmla.Attention for torch tensors: plan on the host, run through ``torch.ops.dsmla.forward``.
 
     device: where the tensors live ("cuda", "cuda:1", "cpu"); the backend follows it.
+    indexer: dsmla's lightning indexer chooses the top-k (index_num_heads x
+    index_head_dim queries; forward() then takes the index inputs).
     """
 
     def __init__(self, num_heads, cache_format="bf16", topk=2048, policy="per_request", decode_threshold=1,
-                 dense_cost_factor=None, device=None, *, cost_factors=None):
+                 dense_cost_factor=None, device=None, *, cost_factors=None, indexer=False, index_num_heads=64,
+                 index_head_dim=128):
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._native = _attention.Attention(num_heads, cache_format=cache_format, topk=topk,
                                             backend="cuda" if self.device.type == "cuda" else "cpu",
                                             policy=policy, decode_threshold=decode_threshold,
-                                            dense_cost_factor=dense_cost_factor, cost_factors=cost_factors)
+                                            dense_cost_factor=dense_cost_factor, cost_factors=cost_factors,
+                                            indexer=indexer, index_num_heads=index_num_heads,
+                                            index_head_dim=index_head_dim)
+        self.indexer = bool(indexer)
         self.num_heads = int(num_heads)
         self.topk = int(topk)
         self.cache_format = str(cache_format)
@@ -105,7 +126,8 @@ class Attention:
         return plan
 
     def forward(self, q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens, query_start_loc, slot_mapping,
-                topk_indices, softmax_scale, k_scale=1.0, q_scale=1.0, out=None, lse=None):
+                topk_indices, softmax_scale, k_scale=1.0, q_scale=1.0, out=None, lse=None, *, index_q=None,
+                index_weights=None, index_k=None, index_cache=None, topk_indices_out=None):
         """Runs the planned batch on torch's current stream; returns (out, lse).
 
         Shapes and dtypes as in docs/api.md: q [T, H, 192] bf16, kv_c [T, 512],
@@ -113,6 +135,11 @@ class Attention:
         bytes_per_token] (uint8, or any dtype tiling a token), int32 metadata,
         slot_mapping int64, topk_indices [T, topk] int32 or None. out [T, H*128]
         bf16 and lse [T, H] float32 are allocated unless given.
+        With indexer=True: topk_indices None, index_q [T, Hi, Di] uint8 (e4m3
+        codes), index_weights [T, Hi] float32, index_k [T, Di] bf16,
+        index_cache [blocks, block_size, Di + 4] uint8 (written), and
+        optionally topk_indices_out [T, topk] int32 (receives the selection;
+        rows of dense-routed and padding tokens all -1).
         """
         T = q.shape[0]
         if out is None:
@@ -121,7 +148,8 @@ class Attention:
             lse = torch.empty((T, self.num_heads), dtype=torch.float32, device=q.device)
         torch.ops.dsmla.forward(self.handle, q, kv_c, k_pe, w_kv_b, kv_cache, block_table, seq_lens,
                                 query_start_loc, slot_mapping, topk_indices, out, lse, self.workspace,
-                                float(softmax_scale), float(k_scale), float(q_scale))
+                                float(softmax_scale), float(k_scale), float(q_scale), index_q, index_weights, index_k,
+                                index_cache, topk_indices_out)
         return out, lse
 
     __call__ = forward

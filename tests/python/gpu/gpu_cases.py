@@ -38,19 +38,39 @@ def torch_inputs(c, device):
     return t
 
 
-def attention_for(c, device, policy=None):
+def index_inputs(c, device, num_heads=16, head_dim=128, seed=5):
+    """Random inputs of dsmla's lightning indexer for case `c` (DESIGN §6):
+    e4m3 query codes, weights, new keys and a filled index cache (codes of
+    every cached position, then the block's positive fp32 scales)."""
+    g = torch.Generator().manual_seed(seed)
+    T, N, B = c["num_tokens"], c["num_cache_blocks"], c["block_size"]
+    e4m3 = torch.float8_e4m3fn
+    codes = (torch.randn(N, B * head_dim, generator=g) * 64).to(e4m3).view(torch.uint8)
+    scales = (torch.rand(N, B, generator=g) * 0.02 + 1e-3).view(torch.uint8).reshape(N, B * 4)
+    return {
+        "index_q": (torch.randn(T, num_heads, head_dim, generator=g) * 64).to(e4m3).view(torch.uint8).to(device),
+        "index_weights": (torch.randn(T, num_heads, generator=g) * 0.01).to(device),
+        "index_k": torch.randn(T, head_dim, generator=g).to(torch.bfloat16).to(device),
+        "index_cache": torch.cat([codes, scales], 1).reshape(N, B, head_dim + 4).contiguous().to(device),
+        "topk_indices_out": torch.full((T, c["topk"]), 7, dtype=torch.int32, device=device),
+    }
+
+
+def attention_for(c, device, policy=None, **options):
     import dsmla.torch as dt
     att = dt.Attention(c["num_heads"], cache_format=c["cache_format"], topk=c["topk"],
-                       policy=policy or c["policy"], decode_threshold=c["decode_threshold"], device=device)
+                       policy=policy or c["policy"], decode_threshold=c["decode_threshold"], device=device,
+                       **options)
     att.plan(c["query_start_loc"], c["seq_lens"], c["block_table"], c["slot_mapping"], c["num_cache_blocks"],
              c["block_size"])
     return att
 
 
-def call(att, t, c, **kw):
+def call(att, t, c, index=None, **kw):
+    """att's forward on the case's tensors; index: the indexer's inputs (index_inputs)."""
     return att(t["q"], t["kv_c"], t["k_pe"], t["w_kv_b"], t["kv_cache"], t["block_table"], t["seq_lens"],
-               t["query_start_loc"], t["slot_mapping"], t["topk_indices"], c["softmax_scale"], k_scale=c["k_scale"],
-               **kw)
+               t["query_start_loc"], t["slot_mapping"], None if index else t["topk_indices"], c["softmax_scale"],
+               k_scale=c["k_scale"], **(index or {}), **kw)
 
 
 def as_numpy(out, lse, cache):

@@ -12,7 +12,7 @@ if not (torch.cuda.is_available() and dsmla.cuda_available()):
     pytest.skip("needs a CUDA GPU and a CUDA build of dsmla", allow_module_level=True)
 
 import dsmla.torch  # noqa: E402,F401
-from gpu_cases import CASES, as_numpy, attention_for, call, torch_inputs, write  # noqa: E402
+from gpu_cases import CASES, as_numpy, attention_for, call, index_inputs, torch_inputs, write  # noqa: E402
 
 
 def assert_same(got, want, what):
@@ -100,3 +100,44 @@ def test_wrong_device_raises_value_error(tmp_path):
     att = attention_for(c, "cuda")
     with pytest.raises(ValueError, match="q: expected a CUDA device array"):
         call(att, t, c)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_op_passes_index_inputs(tmp_path, compiled):
+    """dsmla's lightning indexer through the op (on a non-default stream,
+    eager and compiled) against the bindings' run() on the same CUDA tensors:
+    the same out, lse, caches, and the same selection per row (a row's
+    order is unspecified)."""
+    path = write(tmp_path, "mixed_bf16")
+    c = dsmla.load_case(path)
+    t, index = torch_inputs(c, "cuda"), index_inputs(c, "cuda")
+    ref_t = {k: None if v is None else v.clone() for k, v in t.items()}
+    ref_index = {k: v.clone() for k, v in index.items()}
+    native = dsmla.Attention(c["num_heads"], cache_format=c["cache_format"], topk=c["topk"], backend="cuda",
+                             policy=c["policy"], indexer=True, index_num_heads=16)
+    native.plan(c["query_start_loc"], c["seq_lens"], c["block_table"], c["slot_mapping"], c["num_cache_blocks"],
+                c["block_size"])
+    T, H = c["num_tokens"], c["num_heads"]
+    want_out = torch.empty((T, H * 128), dtype=torch.bfloat16, device="cuda")
+    want_lse = torch.empty((T, H), dtype=torch.float32, device="cuda")
+    native.run(ref_t["q"], ref_t["kv_c"], ref_t["k_pe"], ref_t["w_kv_b"], ref_t["kv_cache"], ref_t["block_table"],
+               ref_t["seq_lens"], ref_t["query_start_loc"], ref_t["slot_mapping"], None, want_out, want_lse,
+               c["softmax_scale"], k_scale=c["k_scale"], **ref_index)
+    torch.cuda.synchronize()
+    att = attention_for(c, "cuda", indexer=True, index_num_heads=16)
+
+    def step(t, index):
+        return call(att, t, c, index)
+
+    if compiled:
+        step = torch.compile(step, fullgraph=True)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out, lse = step(t, index)
+    stream.synchronize()
+    assert torch.equal(t["kv_cache"], ref_t["kv_cache"])
+    assert torch.equal(index["index_cache"], ref_index["index_cache"])
+    sel, want_sel = index["topk_indices_out"], ref_index["topk_indices_out"]
+    assert torch.equal(sel.sort(1).values, want_sel.sort(1).values)
+    assert (sel[:1] >= 0).sum() == c["topk"] and (sel[1:38] == -1).all()  # a decode selected, a dense prompt not
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
