@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# `dsmla bench` (routes, kernels, the mixed serving batch) against the anchors
+# `dsmla bench` (routes, kernels, the mixed serving batch, the indexer rows) against the anchors
 # of this call ($OUT/anchors.json, written by scripts/gpu-iterate.sh), then
 # issue 7's peer stack on the same mixed batch (bench/peer_stack_mixed.py:
 # FlashMLA + torch bmm, per-batch routing) with the dsmla / peer ratios.
 # Needs build-gpu (scripts/gpu-iterate.sh builds it) and .anchors/*.whl.
-# Usage: scripts/gpu-bench.sh [--quick]     (about 10 s + 30 s)
+# Arguments go to dsmla bench; with --only the peer stack runs only when the
+# list holds `mixed` (it reads the mixed batch's rows).
+# Usage: scripts/gpu-bench.sh [--quick] [--only attention,mixed,graph,indexer]   (about 10 s + 30 s;
+#        the indexer rows about 30 s more; --only indexer: about 40 s)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 OUT=${OUT:-$root/out}; mkdir -p "$OUT"
+# Empty arguments dropped (scripts/gpu-round.sh passes "" for a plain BENCH=1).
+args=(); for a in "$@"; do [ -n "$a" ] && args+=("$a"); done; set -- ${args[@]+"${args[@]}"}
 status=0
-echo "== dsmla bench ${1:-}"
+echo "== dsmla bench $*"
 anchors=(); [ -f "$OUT/anchors.json" ] && anchors=(--anchors "$OUT/anchors.json")
-timeout 400 build-gpu/dsmla bench ${1:-} ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
+timeout 500 build-gpu/dsmla bench "$@" ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
   >"$OUT/bench.log" 2>&1 || { status=1; echo "BENCH FAILED"; }
-grep -E "^mixed|ERROR" "$OUT/bench.log" | tail -8
+grep -E "^mixed|^indexer|ERROR" "$OUT/bench.log" | tail -20
+peer=1
+for ((i = 1; i <= $#; i++)); do
+  if [ "${!i}" = --only ]; then j=$((i + 1)); case ",${!j:-}," in *,mixed,*) ;; *) peer=0 ;; esac; fi
+done
+[ $peer = 0 ] && exit $status
 A=$(mktemp -d); python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/dev/null 2>&1
 PYTHONPATH=$A timeout 120 python3 bench/peer_stack_mixed.py --dsmla "$OUT/bench.json" --json "$OUT/peer_stack.json" \
   --md "$OUT/peer_stack.md" >"$OUT/peer_stack.log" 2>&1 || { status=1; echo "PEER STACK FAILED"; tail -3 "$OUT/peer_stack.log"; }
