@@ -222,5 +222,8 @@ void launch_indexer(const IndexerArgs& args, void* stream);
 // The fp8 tensor-core (wgmma) logits kernel alone over the indexer rows, in the
 // workspace chunks launch_indexer_topk uses (no top-k, no cache write).
 void launch_indexer_logits(const IndexerArgs& args, void* stream);
+// The logits kernel launch_indexer_topk uses by default (indexer_variants.hpp),
+// e.g. "wgmma"; launch_indexer_logits times "wgmma" whatever it is.
+std::string default_indexer_logits_kernel_name();
 
 }  // namespace dsmla::cuda::bench

@@ -14,6 +14,7 @@
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/indexer_variants.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 
 namespace dsmla::cuda::bench {
@@ -156,5 +157,7 @@ void launch_indexer_logits(const IndexerArgs& a, void* stream) {
                                  static_cast<cudaStream_t>(stream));
   }
 }
+
+std::string default_indexer_logits_kernel_name() { return to_string(default_indexer_logits_kernel()); }
 
 }  // namespace dsmla::cuda::bench

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <cstdint>
+#include <iterator>
 #include <span>
 
 #include "dsmla/testing/safetensors.hpp"
@@ -188,7 +189,10 @@ json report_json(const Report& rep) {
                    {"decode_cache", std::string(to_string(kDecodeCache))},
                    {"decode_seq_len", kDecodeSeqLen},
                    {"softmax_scale", default_softmax_scale()},
-                   {"statistic", "median of CUDA-event timings after warm-up"}};
+                   {"statistic", "median of CUDA-event timings after warm-up"},
+                   {"sections", rep.options.only.empty()
+                                    ? std::vector<std::string>(std::begin(kSections), std::end(kSections))
+                                    : rep.options.only}};
   j["ceilings"] = {
       {"gemm_bf16", {{"n", kGemmCeilingN}, {"median_ms", median_of(rep.ceilings.gemm_ms)},
                      {"tflops", rep.ceilings.gemm_tflops}}},
