@@ -284,10 +284,20 @@ struct Consumer {
         release(1, kHi);  // P_1 V_1 done: its last read of buffer 1 hi
       }
 
-      // ---- the next S overlaps P_other V_other; the first half it reads is
-      // refilled without waiting for that product (see the producer's order).
+      // ---- the next S. Warpgroup 0 overlaps it with P_1 V_1: the first half
+      // it reads (0 lo) was released mid-round and is refilled first (see the
+      // producer's order). Warpgroup 1 released its first half (1 hi) only
+      // just now, and the producer refills 1 hi, then 0 hi, then 1 lo: were it
+      // to wait for 1 hi while still holding 0 hi (P_0 V_0), the refills of
+      // 0 hi and 1 lo, which both warpgroups' next S need, would start only
+      // after 1 hi had landed, two load latencies in a row per round. So it
+      // finishes P_0 V_0 and releases 0 hi before any wait.
       const int other_half = kWg == 0 ? kLo : kHi;  // of the other buffer, read by P_other V_other
-      if (more) {
+      if (kWg == 1 && more) {
+        mma::wait<0>();
+        release(kOther, other_half);
+        compute_s(round + 1, second_block(r + 1));
+      } else if (more) {
         const bool next_live = kWg == 0 || second_block(r + 1);
         issue_s_half(round + 1, kFirst, next_live);
         mma::commit();
