@@ -57,5 +57,8 @@ __device__ __forceinline__ std::int64_t cache_block_bytes(const IndexerTopkParam
 // as the CUDA-core kernel (indexer_logits_wgmma.cu).
 void launch_logits_wgmma(const IndexerTopkParams& p, int row_begin, int row_count, int stride, std::uint32_t* keys,
                          cudaStream_t stream);
+// The same, warp-specialised (indexer_logits_ws.cu). Needs block_size % 4 == 0.
+void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_count, int stride,
+                            std::uint32_t* keys, cudaStream_t stream);
 
 }  // namespace dsmla::cuda::indexer

@@ -275,7 +275,12 @@ void check_envelope(int max_pos, int num_heads, int topk, const char* who) {
 }  // namespace indexer
 
 const char* to_string(IndexerLogitsKernel kernel) {
-  return kernel == IndexerLogitsKernel::wgmma ? "wgmma" : "cuda_core";
+  switch (kernel) {
+    case IndexerLogitsKernel::wgmma: return "wgmma";
+    case IndexerLogitsKernel::wgmma_ws: return "wgmma_ws";
+    case IndexerLogitsKernel::cuda_core: break;
+  }
+  return "cuda_core";
 }
 
 IndexerLogitsKernel default_indexer_logits_kernel() {
@@ -283,8 +288,9 @@ IndexerLogitsKernel default_indexer_logits_kernel() {
     const char* env = std::getenv("DSMLA_INDEXER_LOGITS");
     // wgmma since its first GPU run (2026-12-01, both kernels passed the same
     // tests; wgmma 19x faster on a 16K prefill); cuda_core stays as the reference.
-    return env != nullptr && std::strcmp(env, "cuda_core") == 0 ? IndexerLogitsKernel::cuda_core
-                                                                : IndexerLogitsKernel::wgmma;
+    if (env != nullptr && std::strcmp(env, "cuda_core") == 0) return IndexerLogitsKernel::cuda_core;
+    if (env != nullptr && std::strcmp(env, "wgmma_ws") == 0) return IndexerLogitsKernel::wgmma_ws;
+    return IndexerLogitsKernel::wgmma;
   }();
   return kernel;
 }
@@ -301,8 +307,11 @@ void launch_indexer_topk(const IndexerTopkParams& p, cudaStream_t stream) {
   launch_indexer_topk(p, default_indexer_logits_kernel(), stream);
 }
 
-void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
-  using namespace indexer;
+namespace indexer {
+namespace {
+
+// launch_indexer_topk's checks and chunk loop; `with_topk` false launches only the logits.
+void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool with_topk, cudaStream_t stream) {
   if (p.num_rows <= 0) return;
   const char* who = "launch_indexer_topk";
   check_envelope(p.max_pos, p.num_heads, p.topk, who);
@@ -327,21 +336,37 @@ void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel,
   const int stride = row_stride(p.max_pos);
   const int chunk = chunk_rows(p.num_rows, p.max_pos);
   std::uint32_t* keys = static_cast<std::uint32_t*>(p.workspace);
+  // The tensor-core kernels' 16-byte gathers need 16-byte aligned key rows (block_size % 4 == 0).
+  const bool aligned_rows = p.block_size % 4 == 0;
   for (int r0 = 0; r0 < p.num_rows; r0 += chunk) {
     const int rows = std::min(chunk, p.num_rows - r0);
     if (logits) {
-      // The wgmma kernel's 16-byte gathers need 16-byte aligned key rows (block_size % 4 == 0).
-      if (kernel == IndexerLogitsKernel::wgmma && p.block_size % 4 == 0) {
+      if (kernel == IndexerLogitsKernel::wgmma && aligned_rows) {
         launch_logits_wgmma(p, r0, rows, stride, keys, stream);
+      } else if (kernel == IndexerLogitsKernel::wgmma_ws && aligned_rows) {
+        launch_logits_wgmma_ws(p, r0, rows, stride, keys, stream);
       } else {
         const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(stride / kKeysPerTile));
         logits_cuda_core_kernel<<<grid, kLogitThreads, 0, stream>>>(p, r0, stride, keys);
         check_launch("indexer logits_cuda_core_kernel");
       }
     }
-    topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, r0, stride, keys);
-    check_launch("indexer topk_kernel");
+    if (with_topk) {
+      topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, r0, stride, keys);
+      check_launch("indexer topk_kernel");
+    }
   }
+}
+
+}  // namespace
+}  // namespace indexer
+
+void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
+  indexer::launch_chunks(p, kernel, true, stream);
+}
+
+void launch_indexer_logits_only(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
+  indexer::launch_chunks(p, kernel, false, stream);
 }
 
 }  // namespace dsmla::cuda

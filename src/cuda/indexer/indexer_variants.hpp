@@ -1,7 +1,7 @@
 // The indexer's logits kernels side by side, for the GPU tests and the kernel
 // harness (NOTES.md): launch_indexer_topk (indexer.hpp) runs the default one,
-// which is `wgmma` unless the environment variable DSMLA_INDEXER_LOGITS is
-// `cuda_core` (read once per process). Host code may include it.
+// which is `wgmma` unless the environment variable DSMLA_INDEXER_LOGITS names
+// another (`cuda_core`, `wgmma_ws`; read once per process). Host code may include it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,6 +12,7 @@ namespace dsmla::cuda {
 enum class IndexerLogitsKernel {
   cuda_core,  // fp32 FMAs on dequantised codes: the simple, default kernel
   wgmma,      // fp8 tensor cores (wgmma m64n64k32 e4m3 x e4m3 -> fp32)
+  wgmma_ws,   // fp8 tensor cores, warp-specialised: producer warp + consumer warpgroup, 4 rows per CTA (NOTES.md v2)
 };
 
 const char* to_string(IndexerLogitsKernel kernel);
@@ -21,5 +22,9 @@ IndexerLogitsKernel default_indexer_logits_kernel();
 
 // launch_indexer_topk with an explicit logits kernel (same contract).
 void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream);
+
+// For the kernel harness: only the logits launches of launch_indexer_topk (every
+// chunk into the same workspace, no top-k; topk_out is not written).
+void launch_indexer_logits_only(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream);
 
 }  // namespace dsmla::cuda

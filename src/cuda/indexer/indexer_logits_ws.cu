@@ -1,0 +1,464 @@
+// The indexer's logits on fp8 tensor cores, warp-specialised
+// (IndexerLogitsKernel::wgmma_ws): the same contract as logits_wgmma_kernel and
+// logits_cuda_core_kernel (write logit_key(sum_h w[h] relu(q[h] . k[s]) * scale[s])
+// for positions 0..pos of each row that needs logits; kNotCandidate for a
+// block-table hole). NOTES.md ("v2") has the design and the predictions.
+//
+// Work split: one CTA per (quad of rows 4x .. 4x+3 of the chunk, chunk of
+// `tiles_per_cta` tiles of 64 positions), 1-D grid, the last quads (longest
+// rows in a prefill) first. Two CTAs per SM.
+//
+// Roles: warps 0-3 = one consumer warpgroup (MMAs and epilogue), warp 4 = the
+// producer (gathers paged key tiles with cp.async into a kStages ring, full /
+// empty mbarriers). A tile is 64 keys (the MMA's M) x 128 dims.
+//
+// Shapes (decided per quad from its rows only, so each row's logits always
+// come from one MMA shape: identical keys tie bit-exactly):
+//  * quad: all four rows need logits and share the request (a prefill): one
+//    key stream serves the 4 rows; per tile two tasks, pair 0 (rows 0, 1) and
+//    pair 1 (rows 2, 3), each wgmma m64n128k32 x 4 (N = 2 rows x 64 heads).
+//    L2 -> SM traffic per row is a quarter of a key's bytes.
+//  * otherwise (decode, request boundaries, shortcut rows): units in order,
+//    a pair of rows of one request (N = 128) or a row alone (N = 64), each
+//    with its own key stream over the CTA's tiles.
+// The consumer alternates two accumulators: the MMAs of task i+1 run while
+// the epilogue of task i (relu, weight, head sum, key write) runs, and the
+// other CTA on the SM fills the tensor cores when this one waits.
+//
+// Epilogue: a thread's accumulator holds 2 keys (16 warp + lane/4, + 8) x 16
+// heads of each row of the task (columns 8 j + 2 (lane % 4) + {0,1}); weights
+// come from shared memory, permuted so that a thread's 16 weights of a row are
+// 4 x 16 bytes. Per key and row: a fixed-order fp32 sum over the thread's heads,
+// then a reduce-scatter over the key's 4 lanes (xor 1, then xor 2): every
+// (key, row) value is (x_q + x_q^1) + (x_q^2 + x_q^3) whichever lane computes
+// it (fp32 addition is commutative), so identical keys give identical logits,
+// and each lane ends with one (key, row) value to store (3 shuffles per task
+// instead of 8, all 32 lanes store).
+//
+// Shared memory (one CTA; 2 per SM): Q [4 rows][64 heads][128 B] 32 KB,
+// keys [kStages][64][128 B] (128-byte swizzle, K-major, as the wgmma kernel),
+// scales, validity masks, weights, mbarriers: ~100 KB (opt-in above 48 KB).
+//
+// Exactness: as the wgmma kernel (FP8 MMA accumulation of reduced precision;
+// tolerance 5e-4 of the sum of |terms| in the tests).
+#include <climits>
+#include <string>
+#include <type_traits>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/pipeline.cuh"
+#include "cuda/common/wgmma.cuh"
+#include "cuda/indexer/indexer_kernels.cuh"
+#include "dsmla/types.hpp"
+
+namespace dsmla::cuda::indexer {
+namespace {
+
+namespace pl = pipeline;
+
+constexpr int kConsumerThreads = 128;  // one warpgroup
+constexpr int kProducerThreads = 32;   // one warp
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kCtasPerSm = 2;
+constexpr int kTileKeys = 64;
+constexpr int kRowBytes = kHeadDim;                // one key / head: one 128-byte swizzle row
+constexpr int kTileBytes = kTileKeys * kRowBytes;  // 8192
+constexpr int kQRowBytes = kMaxHeads * kRowBytes;  // one query row: 64 heads, 8192
+constexpr int kRows = 4;                           // rows per CTA
+constexpr int kStages = 8;
+constexpr int kMaxTilesPerCta = 32;
+static_assert(kMaxHeads == 64, "a row's query is 64 B-operand rows");
+static_assert(kTileKeys == kRowAlign, "a CTA's tiles lie within the padded row");
+
+// This CTA's rows and tiles (every thread computes the same: block-uniform).
+struct Work {
+  int pos[kRows];      // the row's position, or -1 when it needs no logits here
+  int request[kRows];
+  std::uint32_t* out[kRows];
+  bool quad;           // the four rows share one key stream
+  int tile0, tile_end; // the CTA's tiles [tile0, tile_end)
+};
+
+struct Smem {
+  std::uint8_t q[kRows][kQRowBytes];    // offset 0 (1024-aligned); rows 2p, 2p+1 = pair p's 128 B rows
+  std::uint8_t k[kStages][kTileBytes];  // 1024-aligned
+  float scale[kStages][kTileKeys];
+  std::uint32_t valid[kStages][2];      // bit i of word h: key 32 h + i has a cache row
+  float w[kRows][4][16];                // [row][lane % 4][2 jj + f] = weight of head 8 jj + 2 (lane % 4) + f
+  pl::Mbarrier full[kStages];           // 32 cp.async arrivals + 32 plain arrivals of the producer
+  pl::Mbarrier empty[kStages];          // one arrival per consumer warp
+  Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
+};
+constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
+static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "two CTAs per SM");
+
+template <int kN>
+using MmaFor = std::conditional_t<kN == 64, wgmma::gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>,
+                                  wgmma::gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>>;
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a [rows][128 B] swizzled tile.
+__device__ __forceinline__ int sw(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+template <class T>
+__device__ __forceinline__ T pick(const T (&a)[kRows], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
+// One key stream: rows first .. first + count - 1 (count 1, 2 or 4) of one request.
+struct Unit {
+  int first, count, request, max_pos, items;
+};
+
+// Unit of row slot r (0..3), if any with at least one tile: the quad (slot 0),
+// a pair of rows of one request (slot 2p) or a row alone. Walking the slots in
+// order gives the producer's and the consumers' common sequence (one runtime
+// loop, so each consumer shape is instantiated once).
+__device__ __forceinline__ bool unit_at(const Work& w, int r, Unit& u) {
+  const int pos_r = pick(w.pos, r);
+  int count = 0, max_pos = pos_r;
+  if (w.quad) {
+    count = r == 0 ? 4 : 0;
+    max_pos = max(max(w.pos[0], w.pos[1]), max(w.pos[2], w.pos[3]));
+  } else {
+    const int mate = r ^ 1;
+    const bool pair = pos_r >= 0 && pick(w.pos, mate) >= 0 && pick(w.request, mate) == pick(w.request, r);
+    if (pair) {
+      count = (r & 1) == 0 ? 2 : 0;
+      max_pos = max(pos_r, pick(w.pos, mate));
+    } else {
+      count = pos_r >= 0 ? 1 : 0;
+    }
+  }
+  const int end = min(w.tile_end, max_pos / kTileKeys + 1);
+  u = Unit{r, count, pick(w.request, r), max_pos, end - w.tile0};
+  return count > 0 && u.items > 0;
+}
+
+__device__ __forceinline__ int stage_of(int it) { return it % kStages; }
+__device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
+
+// ------------------------------------------------------------------ producer (warp 4)
+
+// Gathers the 64 keys of positions base .. base + 63 of `request` (those <= max_pos
+// with a block-table entry in range; the others zero-filled, never read) into `stage`.
+// Lane l looks up keys l and l + 32 (block-table bounds as block_of); the codes are
+// then copied 16 bytes a lane, 8 lanes per key (4 keys = 4 whole 128-byte lines per
+// instruction), each lane taking its key's cache offset from the lane that looked it up.
+__device__ __forceinline__ void gather(Smem& s, const IndexerTopkParams& p, int request, int max_pos, int base,
+                                       int stage, int lane) {
+  const std::uint8_t* any_readable = p.index_q;  // source of zero-filled (not read) copies
+  std::int64_t offset[2];
+  bool valid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = lane + 32 * h, position = base + key;
+    const std::int64_t block = position <= max_pos ? block_of(p, request, position) : -1;
+    valid[h] = block >= 0;
+    const int r = valid[h] ? position % p.block_size : 0;
+    offset[h] = valid[h] ? block * cache_block_bytes(p) + std::int64_t{r} * kRowBytes : 0;
+    const std::uint8_t* scale_src =
+        valid[h] ? p.index_cache + block * cache_block_bytes(p) + std::int64_t{p.block_size} * kRowBytes + 4 * r
+                 : any_readable;
+    pl::copy_4(&s.scale[stage][key], scale_src, valid[h]);
+  }
+  const std::uint32_t mask0 = __ballot_sync(0xffffffffu, valid[0]);
+  const std::uint32_t mask1 = __ballot_sync(0xffffffffu, valid[1]);
+  if (lane == 0) {
+    s.valid[stage][0] = mask0;
+    s.valid[stage][1] = mask1;
+  }
+  const int chunk = lane & 7;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int key = 4 * i + (lane >> 3), from = key & 31;
+    const std::int64_t off = __shfl_sync(0xffffffffu, i < 8 ? offset[0] : offset[1], from);
+    const bool v = (((i < 8 ? mask0 : mask1) >> from) & 1u) != 0;
+    pl::copy_16(&s.k[stage][sw(key, chunk)], v ? p.index_cache + off + 16 * chunk : any_readable, v);
+  }
+  pl::arrive_on_copies(&s.full[stage]);  // once this lane's copies have landed
+  pl::arrive(&s.full[stage]);            // releases lane 0's validity masks
+}
+
+__device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w) {
+  const int lane = threadIdx.x % 32;
+  int it = 0;
+#pragma unroll 1
+  for (int r = 0; r < kRows; ++r) {
+    Unit u;
+    if (!unit_at(w, r, u)) continue;
+    for (int t = 0; t < u.items; ++t, ++it) {
+      pl::wait(&s.empty[stage_of(it)], phase_of(it) ^ 1);
+      gather(s, p, u.request, u.max_pos, (w.tile0 + t) * kTileKeys, stage_of(it), lane);
+    }
+  }
+  pl::wait_copies<0>();  // nothing in flight when the warp exits
+}
+
+// ------------------------------------------------------------------ consumers (warps 0-3)
+
+struct Lane {
+  int warp, lane, q, b1, b2;
+  __device__ int key() const { return 16 * warp + lane / 4 + 8 * b1; }  // the key this lane stores
+};
+
+// Releases `stage` to the producer (every MMA that read it has completed).
+__device__ __forceinline__ void release(Smem& s, int stage, const Lane& L) {
+  __syncwarp();
+  if (L.lane == 0) pl::arrive(&s.empty[stage]);
+}
+
+template <int kN>
+__device__ __forceinline__ void issue(float (&acc)[kN / 2], std::uint32_t k_addr, std::uint32_t q_addr) {
+  wgmma::fence_operands(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 32; ++ks)
+    wgmma::mma_ss<MmaFor<kN>>(wgmma::desc_k_major(k_addr + 32 * ks), wgmma::desc_k_major(q_addr + 32 * ks), acc,
+                              ks > 0);
+  wgmma::commit();
+}
+
+// sum_{heads of the thread} w relu(S) for the thread's two keys (h = 0: key 16 warp + lane/4,
+// h = 1: + 8) of one row: columns 8 jj + 2 q + f of the accumulator block starting at j0.
+template <int kN>
+__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const float* w16, float& s0,
+                                         float& s1) {
+  const float4* wv4 = reinterpret_cast<const float4*>(w16);
+  s0 = 0.f;
+  s1 = 0.f;
+#pragma unroll
+  for (int jq = 0; jq < 4; ++jq) {
+    const float4 wv = wv4[jq];
+    const float wt[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int jh = 0; jh < 2; ++jh) {
+      const int j = j0 + 2 * jq + jh;
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        s0 = fmaf(wt[2 * jh + f], fmaxf(acc[4 * j + f], 0.f), s0);
+        s1 = fmaf(wt[2 * jh + f], fmaxf(acc[4 * j + 2 + f], 0.f), s1);
+      }
+    }
+  }
+}
+
+// Reads the stage's scale and validity of this lane's key, releases the stage when
+// `release` (every MMA that reads it has completed: the caller waited), then the
+// epilogue of one task: head sums, reduce-scatter, one key write per lane.
+// Rows first (kN = 64) or first, first + 1 (kN = 128); the lane's value is that of
+// row first + b2 (kN = 128), or a duplicate on lanes with b2 (kN = 64, not stored).
+template <int kN>
+__device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int stage, bool release_stage, int base,
+                                       int first, const Lane& L) {
+  const int key = L.key();
+  const float* w16 = &s.w[first][L.q][0];
+  const float scale = s.scale[stage][key];
+  const bool valid = ((s.valid[stage][key >> 5] >> (key & 31)) & 1u) != 0;
+  if (release_stage) release(s, stage, L);
+  float mine;
+  if constexpr (kN == 128) {
+    float s00, s10, s01, s11;  // s<key h><row i>
+    row_sums<kN>(acc, 0, w16, s00, s10);
+    row_sums<kN>(acc, 8, w16 + 64, s01, s11);
+    // Step 1 (xor 1): keep key h == b1 of both rows. Step 2 (xor 2): keep row i == b2.
+    float keep0 = L.b1 ? s10 : s00, send0 = L.b1 ? s00 : s10;
+    float keep1 = L.b1 ? s11 : s01, send1 = L.b1 ? s01 : s11;
+    keep0 += __shfl_xor_sync(0xffffffffu, send0, 1);
+    keep1 += __shfl_xor_sync(0xffffffffu, send1, 1);
+    mine = L.b2 ? keep1 : keep0;
+    mine += __shfl_xor_sync(0xffffffffu, L.b2 ? keep0 : keep1, 2);
+  } else {
+    float s0, s1;
+    row_sums<kN>(acc, 0, w16, s0, s1);
+    mine = L.b1 ? s1 : s0;
+    mine += __shfl_xor_sync(0xffffffffu, L.b1 ? s0 : s1, 1);
+    mine += __shfl_xor_sync(0xffffffffu, mine, 2);
+  }
+  const int row = kN == 128 ? first + L.b2 : first;
+  const int position = base + key;
+  if ((kN == 128 || L.b2 == 0) && position <= s.work.pos[row])
+    s.work.out[row][position] = valid ? logit_key(mine * scale) : kNotCandidate;
+}
+
+struct ConsumerCtx {
+  Smem& s;
+  const Work& w;
+  Lane L;
+  std::uint32_t q_addr, k_addr;  // shared-window addresses of s.q and s.k
+};
+
+__device__ __forceinline__ void wait_full(ConsumerCtx& c, int it) {
+  pl::wait(&c.s.full[stage_of(it)], phase_of(it));
+  pl::fence_smem_for_mma();  // the producer's cp.async writes (generic proxy), read by wgmma (async proxy)
+}
+
+// A unit of a pair (kN = 128) or a single row (kN = 64): tiles two at a time,
+// t -> a and t + 1 -> b; b's MMAs run under a's epilogue, b's epilogue under the
+// other CTA's MMAs. With an odd count, the last step computes its tile twice
+// (b's copy is dropped): the same wgmma sequence on every path, which ptxas
+// needs to keep the MMAs asynchronous (a conditional issue serialises them).
+template <int kN>
+__device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int& it) {
+  float a[kN / 2], b[kN / 2];
+  const std::uint32_t q = c.q_addr + u.first * kQRowBytes;
+  const int n = u.items;
+#pragma unroll 1
+  for (int t = 0; t < n; t += 2) {
+    const bool two = t + 1 < n;
+    const int i0 = it + t, i1 = two ? i0 + 1 : i0;
+    wait_full(c, i0);
+    issue<kN>(a, c.k_addr + stage_of(i0) * kTileBytes, q);
+    wait_full(c, i1);
+    issue<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
+    wgmma::wait<1>();
+    wgmma::fence_operands(a);
+    finish<kN>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, c.L);
+    wgmma::wait<0>();
+    wgmma::fence_operands(b);
+    if (two) finish<kN>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, c.L);
+    else release(c.s, stage_of(i0), c.L);
+  }
+  it += n;
+}
+
+// The quad: per tile, pair 0 -> a, pair 1 -> b; b's MMAs run under a's epilogue,
+// b's epilogue under the other CTA's MMAs (a pipeline carried across iterations,
+// b's epilogue under the next tile's a, makes ptxas serialise the MMAs: C7514).
+__device__ __forceinline__ void consume_quad(ConsumerCtx& c, const Unit& u, int& it) {
+  float a[64], b[64];
+  const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
+  const int n = u.items;
+#pragma unroll 1
+  for (int t = 0; t < n; ++t) {
+    const int i = it + t, base = (c.w.tile0 + t) * kTileKeys;
+    wait_full(c, i);
+    issue<128>(a, c.k_addr + stage_of(i) * kTileBytes, q0);
+    issue<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
+    wgmma::wait<1>();
+    wgmma::fence_operands(a);
+    finish<128>(c.s, a, stage_of(i), false, base, 0, c.L);
+    wgmma::wait<0>();
+    wgmma::fence_operands(b);
+    finish<128>(c.s, b, stage_of(i), true, base, 2, c.L);
+  }
+  it += n;
+}
+
+__device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w, const IndexerRow (&rows)[kRows]) {
+  const int tid = threadIdx.x;
+  const int heads = p.num_heads;
+  // Queries of the rows that need logits (heads >= num_heads zero), as B-operand rows
+  // 64 r + h of the 128-byte swizzle layout; weights permuted (Smem::w).
+  constexpr int kChunksPerThread = kRows * kMaxHeads * 8 / kConsumerThreads;  // 16
+  uint4 v[kChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) {
+    const int c = tid + kConsumerThreads * i, r = c / (kMaxHeads * 8), h = (c / 8) % kMaxHeads, chunk = c % 8;
+    v[i] = make_uint4(0, 0, 0, 0);
+    if (pick(w.pos, r) >= 0 && h < heads)
+      v[i] = *reinterpret_cast<const uint4*>(p.index_q + (std::int64_t{pick(rows, r).token} * heads + h) * kRowBytes +
+                                             chunk * 16);
+  }
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) {
+    const int c = tid + kConsumerThreads * i, r = c / (kMaxHeads * 8), h = (c / 8) % kMaxHeads, chunk = c % 8;
+    *reinterpret_cast<uint4*>(&s.q[r][sw(h, chunk)]) = v[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kRows * kMaxHeads / kConsumerThreads; ++i) {
+    const int c = tid + kConsumerThreads * i, r = c / kMaxHeads, h = c % kMaxHeads;
+    const float x = pick(w.pos, r) >= 0 && h < heads ? p.weights[std::int64_t{pick(rows, r).token} * heads + h] : 0.f;
+    s.w[r][(h % 8) / 2][2 * (h / 8) + h % 2] = x;
+  }
+  pl::fence_smem_for_mma();
+  pl::named_sync(kConsumerThreads, 0);
+
+  ConsumerCtx c{s, w, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
+                pl::smem_addr(s.k)};
+  int it = 0;
+#pragma unroll 1
+  for (int r = 0; r < kRows; ++r) {
+    Unit u;
+    if (!unit_at(w, r, u)) continue;
+    if (u.count == 4) consume_quad(c, u, it);
+    else if (u.count == 2) consume_unit<128>(c, u, it);
+    else consume_unit<64>(c, u, it);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+    logits_ws_kernel(IndexerTopkParams p, int row_begin, int row_count, int stride, std::uint32_t* keys,
+                     int tiles_per_cta, int chunks) {
+  extern __shared__ __align__(16) std::uint8_t smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(pl::align_smem<1024>(smem_raw));
+
+  const int quads = (row_count + kRows - 1) / kRows;
+  const int quad = quads - 1 - static_cast<int>(blockIdx.x) / chunks;  // last quads (longest prefill rows) first
+  const int chunk = static_cast<int>(blockIdx.x) % chunks;
+
+  Work w;
+  IndexerRow rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int local = kRows * quad + r;
+    rows[r] = IndexerRow{};
+    w.pos[r] = -1;
+    w.request[r] = 0;
+    w.out[r] = keys;
+    if (local < row_count) {
+      rows[r] = p.rows[row_begin + local];
+      w.out[r] = keys + std::int64_t{local} * stride;
+      if (row_is_valid(rows[r], p) && rows[r].pos + 1 > p.topk) {  // not a shortcut row
+        w.pos[r] = rows[r].pos;
+        w.request[r] = rows[r].request;
+      }
+    }
+  }
+  w.quad = w.pos[0] >= 0 && w.pos[1] >= 0 && w.pos[2] >= 0 && w.pos[3] >= 0 && w.request[0] == w.request[1] &&
+           w.request[0] == w.request[2] && w.request[0] == w.request[3];
+  w.tile0 = chunk * tiles_per_cta;
+  w.tile_end = w.tile0 + tiles_per_cta;
+  bool any = false;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    Unit u;
+    any = any || unit_at(w, r, u);
+  }
+  if (!any) return;  // block-uniform: no barrier initialised yet
+
+  if (threadIdx.x == 0) {
+    s.work = w;
+    for (int i = 0; i < kStages; ++i) {
+      pl::init(&s.full[i], 2 * kProducerThreads);
+      pl::init(&s.empty[i], kConsumerThreads / 32);
+    }
+    pl::fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= kConsumerThreads) produce(s, p, s.work);
+  else consume(s, p, s.work, rows);
+}
+
+}  // namespace
+
+void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_count, int stride, std::uint32_t* keys,
+                            cudaStream_t stream) {
+  const int tiles = stride / kTileKeys;
+  const std::int64_t quads = (row_count + kRows - 1) / kRows;
+  // Tiles per CTA: as many as keep >= 8 waves of CTAs (upper bound: every quad at
+  // max_pos), down to 4; long CTAs amortise the query load (32 KB against 8 KB a tile).
+  const std::int64_t want = std::int64_t{8} * kCtasPerSm * multiprocessor_count();
+  int tiles_per_cta = kMaxTilesPerCta;
+  while (tiles_per_cta > 4 && quads * ((tiles + tiles_per_cta - 1) / tiles_per_cta) < want) tiles_per_cta /= 2;
+  const int chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
+  const std::int64_t blocks = quads * chunks;
+  if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");
+  opt_in_shared_memory(reinterpret_cast<const void*>(&logits_ws_kernel), kSmemBytes, "indexer logits_ws_kernel");
+  logits_ws_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, row_begin, row_count, stride,
+                                                                                     keys, tiles_per_cta, chunks);
+  check_launch("indexer logits_ws_kernel");
+}
+
+}  // namespace dsmla::cuda::indexer
