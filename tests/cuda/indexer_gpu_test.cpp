@@ -7,14 +7,15 @@
 //    followed by a stable top-k (ties: lower position), except among positions
 //    whose logits lie within the fp32 tolerance of the k-th largest; within every
 //    group of exactly tied logits (duplicate keys) the selected positions must be
-//    the lowest ones. Every IndexerTopk case runs both logits kernels
-//    (cuda_core, wgmma).
+//    the lowest ones. Every IndexerTopk case runs every logits kernel
+//    (cuda_core, wgmma, wgmma_ws).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -252,7 +253,9 @@ struct RefLogit {
 // Tolerance, as a fraction of a logit's magnitude (sum of |terms|), of the fp32
 // accumulation errors: CUDA-core FMAs (fixed order), or the tensor core's FP8 MMA,
 // whose internal accumulation keeps ~14 bits (DeepSeek-V3 report).
-double magnitude_tolerance(IndexerLogitsKernel kernel) { return kernel == IndexerLogitsKernel::wgmma ? 5e-4 : 4e-6; }
+double magnitude_tolerance(IndexerLogitsKernel kernel) {
+  return kernel == IndexerLogitsKernel::cuda_core ? 4e-6 : 5e-4;  // wgmma, wgmma_ws: FP8 MMA accumulation
+}
 
 std::string check_row(const TopkCase& c, const TopkProblem& pb, const IndexerRow& row,
                       const std::vector<float>& key_f, const std::vector<std::int32_t>& got, double mag_tol) {
@@ -392,9 +395,8 @@ struct DeviceProblem {
 
 class IndexerTopkTest : public ::testing::TestWithParam<std::tuple<TopkCase, IndexerLogitsKernel>> {};
 
-TEST_P(IndexerTopkTest, MatchesFloat64Reference) {
-  DSMLA_SKIP_WITHOUT_GPU();
-  const auto& [c, kernel] = GetParam();
+// Runs case c with `kernel` and checks every row against the float64 reference.
+void check_case(const TopkCase& c, IndexerLogitsKernel kernel) {
   const TopkProblem pb = make_problem(c);
 
   // Dequantised keys per slot (128 values then the scale), for the reference.
@@ -426,6 +428,12 @@ TEST_P(IndexerTopkTest, MatchesFloat64Reference) {
   const int unlisted = pb.num_tokens - 1;
   for (int i = 0; i < c.topk; ++i)
     ASSERT_EQ(out[static_cast<std::size_t>(unlisted) * c.topk + i], kUntouched) << "a token in no row was written";
+}
+
+TEST_P(IndexerTopkTest, MatchesFloat64Reference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  const auto& [c, kernel] = GetParam();
+  check_case(c, kernel);
 }
 
 std::vector<TopkCase> topk_cases() {
@@ -495,6 +503,21 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 18;
     v.push_back(c);
   }
+  {  // Prefill runs of two requests in order (wgmma_ws: whole quads of one request, quads across the
+     // request boundary split into pairs and single rows), exact ties, 32 heads, block 16, holes.
+    TopkCase c{.name = "h32_b16_prefill_ties", .heads = 32, .block_size = 16, .topk = 128, .num_blocks = 160, .max_blocks = 80};
+    c.contexts = {1203, 700};
+    c.rows_per_request = 0;
+    c.extra_rows = {{}, {}};
+    for (int p = 1170; p < 1203; ++p) c.extra_rows[0].push_back(p);  // with pos 0 and 1202: 35 rows
+    for (int p = 126; p < 140; ++p) c.extra_rows[1].push_back(p);    // shortcut rows next to logits rows
+    for (int p = 690; p < 700; ++p) c.extra_rows[1].push_back(p);
+    c.holes = 2;
+    c.key_pool = 9;
+    c.shuffle_rows = false;
+    c.seed = 19;
+    v.push_back(c);
+  }
   {  // A block size that is no multiple of 4 (the wgmma kernel falls back to the CUDA-core one).
     TopkCase c{.name = "h32_b10_odd", .heads = 32, .block_size = 10, .topk = 50, .num_blocks = 120, .max_blocks = 80};
     c.contexts = {777, 300};
@@ -508,7 +531,8 @@ std::vector<TopkCase> topk_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerTopkTest,
                          ::testing::Combine(::testing::ValuesIn(topk_cases()),
-                                            ::testing::Values(IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma)),
+                                            ::testing::Values(IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma,
+                                                              IndexerLogitsKernel::wgmma_ws)),
                          [](const auto& info) {
                            return std::get<0>(info.param).name + "_" + cuda::to_string(std::get<1>(info.param));
                          });
@@ -518,7 +542,8 @@ TEST(IndexerTopk, GraphReplayMatchesDirectLaunch) {
   DSMLA_SKIP_WITHOUT_GPU();
   const TopkCase c = topk_cases()[0];
   const TopkProblem pb = make_problem(c);
-  for (IndexerLogitsKernel kernel : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma}) {
+  for (IndexerLogitsKernel kernel :
+       {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws}) {
     DeviceProblem dev(c, pb);
     cuda::launch_indexer_topk(dev.params, kernel, nullptr);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -546,6 +571,26 @@ TEST(IndexerTopk, GraphReplayMatchesDirectLaunch) {
         ASSERT_EQ(replayed[static_cast<std::size_t>(row.token) * c.topk + i],
                   direct[static_cast<std::size_t>(row.token) * c.topk + i])
             << cuda::to_string(kernel) << ": token " << row.token << " entry " << i;
+  }
+}
+
+// wgmma_ws picks its tiles per CTA from the grid size: the small cases above get 4.
+// Longer CTAs (several units and many ring rounds per CTA, ring wrap-around with
+// the quad and pair/single shapes) on the cases with long rows and prefill runs.
+TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  const std::vector<TopkCase> cases = topk_cases();
+  struct UnsetOnExit {
+    ~UnsetOnExit() { unsetenv("DSMLA_INDEXER_WS_TILES_PER_CTA"); }
+  } unset_on_exit;
+  for (const char* tiles : {"32", "7", "1"}) {
+    ASSERT_EQ(setenv("DSMLA_INDEXER_WS_TILES_PER_CTA", tiles, 1), 0);
+    for (const TopkCase& c : cases)
+      if (c.name == "h64_b128_large" || c.name == "h64_b64_prefill" || c.name == "h32_b16_prefill_ties" ||
+          c.name == "h64_b64_mixed") {
+        SCOPED_TRACE(c.name + " tiles per CTA " + tiles);
+        check_case(c, IndexerLogitsKernel::wgmma_ws);
+      }
   }
 }
 

@@ -42,6 +42,7 @@
 // Exactness: as the wgmma kernel (FP8 MMA accumulation of reduced precision;
 // tolerance 5e-4 of the sum of |terms| in the tests).
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -452,6 +453,11 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   const std::int64_t want = std::int64_t{8} * kCtasPerSm * multiprocessor_count();
   int tiles_per_cta = kMaxTilesPerCta;
   while (tiles_per_cta > 4 && quads * ((tiles + tiles_per_cta - 1) / tiles_per_cta) < want) tiles_per_cta /= 2;
+  // Tests force long CTAs on small problems with DSMLA_INDEXER_WS_TILES_PER_CTA (1..32).
+  if (const char* env = std::getenv("DSMLA_INDEXER_WS_TILES_PER_CTA")) {
+    const int forced = std::atoi(env);
+    if (forced >= 1 && forced <= kMaxTilesPerCta) tiles_per_cta = forced;
+  }
   const int chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   const std::int64_t blocks = quads * chunks;
   if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");

@@ -2,7 +2,10 @@
 // (src/cuda/indexer: logits + top-k). Built with the CUDA build as
 // build/indexer_kernel_bench (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   build/indexer_kernel_bench [--quick] [--kernel cuda_core|wgmma|both]
+//   build/indexer_kernel_bench [--quick] [--kernel all|both|NAME[,NAME...]]
+//
+// Kernels: cuda_core, wgmma, wgmma_ws (NOTES.md); `all` (default) runs the three,
+// `both` cuda_core and wgmma.
 //
 // Cases (NOTES.md): 64 heads x 128, block size 64, topk 2048.
 //  - prefill: one sequence of S = 4K/8K/16K/32K tokens, one row per token at
@@ -11,8 +14,10 @@
 // Inputs are random (e4m3 codes of magnitude 2^-4..2^4, never 0 or NaN; scales
 // 0.25..2; weights +-0.05..1). Each case: a few rows are checked against a
 // float64 CPU reference (fails loudly, exit 1), then the median of CUDA-event
-// timings after warm-ups. TFLOP/s counts the causal logits work only:
-// 2 * 64 * 128 FLOPs per (row with pos >= topk, candidate position).
+// timings after warm-ups, of the whole launch_indexer_topk (logits + top-k) and
+// of its logits launches alone (launch_indexer_logits_only). TFLOP/s counts the
+// causal logits work only: 2 * 64 * 128 FLOPs per (row with pos >= topk,
+// candidate position); "logits TFLOP/s" divides it by the logits-only time.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -146,18 +151,34 @@ std::string check_row(const IndexerRow& row, const std::vector<std::uint8_t>& q,
 
 int run(int argc, char** argv) {
   bool quick = false;
-  std::string which = "both";
+  std::string which = "all";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) which = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--kernel cuda_core|wgmma|both]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--kernel all|both|NAME[,NAME...]] (cuda_core, wgmma, wgmma_ws)\n",
+                   argv[0]);
       return 2;
     }
   }
+  if (which == "all") which = "cuda_core,wgmma,wgmma_ws";
+  if (which == "both") which = "cuda_core,wgmma";
   std::vector<IndexerLogitsKernel> kernels;
-  if (which != "wgmma") kernels.push_back(IndexerLogitsKernel::cuda_core);
-  if (which != "cuda_core") kernels.push_back(IndexerLogitsKernel::wgmma);
+  for (std::size_t start = 0; start <= which.size();) {
+    const std::size_t end = std::min(which.find(',', start), which.size());
+    const std::string name = which.substr(start, end - start);
+    bool known = false;
+    for (IndexerLogitsKernel k : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws})
+      if (name == dsmla::cuda::to_string(k)) {
+        kernels.push_back(k);
+        known = true;
+      }
+    if (!known) {
+      std::fprintf(stderr, "indexer_kernel_bench: unknown kernel '%s'\n", name.c_str());
+      return 2;
+    }
+    start = end + 1;
+  }
 
   std::vector<Case> cases = {prefill(4096, 0.70), prefill(8192, 1.99), prefill(16384, 6.55), prefill(32768, 0)};
   for (int ctx : {4096, 65536})
@@ -165,8 +186,9 @@ int run(int argc, char** argv) {
   const int warmups = quick ? 1 : 3, reps = quick ? 5 : 20;
   bool all_ok = true;
 
-  std::printf("| case | logits kernel | rows | ms (median) | logits TFLOP/s | H200 bar ms (x0.7 target) | check |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---|\n");
+  std::printf("| case | logits kernel | rows | ms (median) | TFLOP/s (whole) | logits-only ms | logits TFLOP/s | "
+              "H200 bar ms (x0.7 target) | check |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
   for (const Case& c : cases) {
     std::uint64_t seed = 0x1234 + c.rows.size() * 31 + c.max_pos;
     const int requests = static_cast<int>(c.contexts.size());
@@ -233,7 +255,7 @@ int run(int argc, char** argv) {
         if (tokens > kTopk) spots.push_back(kTopk / 2);
         for (int i : spots) {
           const std::string problem = check_row(c.rows[i], q, w, cache, table, max_blocks, &out[std::size_t(c.rows[i].token) * kTopk],
-                                                  kernel == IndexerLogitsKernel::wgmma ? 5e-4 : 4e-6);
+                                                  kernel == IndexerLogitsKernel::cuda_core ? 4e-6 : 5e-4);
           if (!problem.empty()) {
             check = "FAILED row " + std::to_string(i) + ": " + problem;
             break;
@@ -242,24 +264,28 @@ int run(int argc, char** argv) {
       } catch (const std::exception& e) {
         check = std::string("FAILED: ") + e.what();
       }
-      double ms = 0;
+      double ms = 0, logits_ms = 0;
       if (check == "ok") {
         cudaEvent_t start, stop;
         DSMLA_CUDA_CHECK(cudaEventCreate(&start));
         DSMLA_CUDA_CHECK(cudaEventCreate(&stop));
-        for (int i = 0; i < warmups; ++i) dsmla::cuda::launch_indexer_topk(p, kernel, nullptr);
-        std::vector<float> times;
-        for (int i = 0; i < reps; ++i) {
-          DSMLA_CUDA_CHECK(cudaEventRecord(start));
-          dsmla::cuda::launch_indexer_topk(p, kernel, nullptr);
-          DSMLA_CUDA_CHECK(cudaEventRecord(stop));
-          DSMLA_CUDA_CHECK(cudaEventSynchronize(stop));
-          float t = 0;
-          DSMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-          times.push_back(t);
-        }
-        std::sort(times.begin(), times.end());
-        ms = times[times.size() / 2];
+        auto median_ms = [&](auto&& launch) {
+          for (int i = 0; i < warmups; ++i) launch();
+          std::vector<float> times;
+          for (int i = 0; i < reps; ++i) {
+            DSMLA_CUDA_CHECK(cudaEventRecord(start));
+            launch();
+            DSMLA_CUDA_CHECK(cudaEventRecord(stop));
+            DSMLA_CUDA_CHECK(cudaEventSynchronize(stop));
+            float t = 0;
+            DSMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+            times.push_back(t);
+          }
+          std::sort(times.begin(), times.end());
+          return static_cast<double>(times[times.size() / 2]);
+        };
+        ms = median_ms([&] { dsmla::cuda::launch_indexer_topk(p, kernel, nullptr); });
+        if (c.flops > 0) logits_ms = median_ms([&] { dsmla::cuda::launch_indexer_logits_only(p, kernel, nullptr); });
         cudaEventDestroy(start);
         cudaEventDestroy(stop);
       } else {
@@ -267,8 +293,9 @@ int run(int argc, char** argv) {
       }
       char bar[64] = "-";
       if (c.anchor_ms > 0) std::snprintf(bar, sizeof bar, "%.2f (%.2f)", c.anchor_ms, 0.7 * c.anchor_ms);
-      std::printf("| %s | %s | %d | %.3f | %.1f | %s | %s |\n", c.name.c_str(), dsmla::cuda::to_string(kernel), tokens,
-                  ms, ms > 0 ? c.flops / (ms * 1e-3) / 1e12 : 0.0, bar, check.c_str());
+      std::printf("| %s | %s | %d | %.3f | %.1f | %.3f | %.1f | %s | %s |\n", c.name.c_str(),
+                  dsmla::cuda::to_string(kernel), tokens, ms, ms > 0 ? c.flops / (ms * 1e-3) / 1e12 : 0.0, logits_ms,
+                  logits_ms > 0 ? c.flops / (logits_ms * 1e-3) / 1e12 : 0.0, bar, check.c_str());
       std::fflush(stdout);
     }
   }
