@@ -219,11 +219,11 @@ std::size_t indexer_scratch_bytes(const IndexerSchedule& schedule, int num_heads
 // top-k fill of the rows that need no logits, logits + top-k of the indexer
 // rows (launch_indexer_topk, the default logits kernel).
 void launch_indexer(const IndexerArgs& args, void* stream);
-// The fp8 tensor-core (wgmma) logits kernel alone over the indexer rows, in the
+// The default logits kernel (below) alone over the indexer rows, in the
 // workspace chunks launch_indexer_topk uses (no top-k, no cache write).
 void launch_indexer_logits(const IndexerArgs& args, void* stream);
 // The logits kernel launch_indexer_topk uses by default (indexer_variants.hpp),
-// e.g. "wgmma"; launch_indexer_logits times "wgmma" whatever it is.
+// e.g. "wgmma"; DSMLA_INDEXER_LOGITS picks another.
 std::string default_indexer_logits_kernel_name();
 
 }  // namespace dsmla::cuda::bench

@@ -144,18 +144,7 @@ void launch_indexer(const IndexerArgs& a, void* stream) {
 }
 
 void launch_indexer_logits(const IndexerArgs& a, void* stream) {
-  const IndexerTopkParams p = topk_params(a);
-  if (p.num_rows == 0 || p.max_pos + 1 <= p.topk) return;  // no row needs logits
-  if (p.workspace == nullptr) throw Error("launch_indexer_logits: missing workspace");
-  // The workspace holds chunk_rows rows of `stride` uint32 keys (indexer.hpp):
-  // indexer_workspace_bytes of one row is one row's stride.
-  const std::size_t stride = indexer_workspace_bytes(1, p.max_pos, p.num_heads, p.topk) / 4;
-  const int chunk = static_cast<int>(indexer_workspace_bytes(p.num_rows, p.max_pos, p.num_heads, p.topk) / 4 / stride);
-  auto* keys = static_cast<std::uint32_t*>(p.workspace);
-  for (int r0 = 0; r0 < p.num_rows; r0 += chunk) {
-    indexer::launch_logits_wgmma(p, r0, std::min(chunk, p.num_rows - r0), static_cast<int>(stride), keys,
-                                 static_cast<cudaStream_t>(stream));
-  }
+  launch_indexer_logits_only(topk_params(a), default_indexer_logits_kernel(), static_cast<cudaStream_t>(stream));
 }
 
 std::string default_indexer_logits_kernel_name() { return to_string(default_indexer_logits_kernel()); }

@@ -740,16 +740,12 @@ IndexerResult time_indexer(const IndexerWork& w, const Options& options, const C
         break;
       }
       case IndexerKind::logits_alone: {
-        r.timed = "fp8 wgmma logits kernel alone (no top-k, no cache write), rows at position >= topk, in "
-                  "launch_indexer_topk's workspace chunks; TFLOP/s on causal work";
+        r.timed = "fp8 logits kernel alone (" + dev::default_indexer_logits_kernel_name() +
+                  ", the default of launch_indexer_topk; DSMLA_INDEXER_LOGITS picks another), no top-k, no cache "
+                  "write, rows at position >= topk, in launch_indexer_topk's workspace chunks; TFLOP/s on causal work";
         ForwardRig rig(w.seq_lens, w.query_lens, kIndexerRunHeads, kIndexerRunCache, with_indexer);
         describe(rig.plan());
         r.samples_ms = rig.indexer_samples(options, /*logits_only=*/true);
-        const std::string default_kernel = dev::default_indexer_logits_kernel_name();
-        if (default_kernel != "wgmma") {
-          r.note = "launch_indexer_topk's default logits kernel is " + default_kernel +
-                   " (DSMLA_INDEXER_LOGITS or a newer default); this row times the wgmma kernel";
-        }
         r.reference = ceilings.fp8_gemm_tflops;
         r.reference_what = ceilings.fp8_gemm_error.empty()
                                ? "cuBLASLt e4m3 GEMM " + std::to_string(kFp8GemmCeilingN) + "^3, same run (TFLOP/s)"
