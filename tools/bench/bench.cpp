@@ -25,11 +25,15 @@ using bench::Options;
 const char* kUsage =
     "usage: dsmla bench [--json FILE] [--md FILE] [--quick] [--repeats N] [--warmup N]\n"
     "                   [--prefill-cache bf16|fp8_ds_mla|fp8] [--anchors FILE] [--calibrate FILE]\n"
-    "                   [--only attention,mixed,graph,indexer]\n"
+    "                   [--only attention,decode,mixed,graph,indexer]\n"
     "  Times the dense route, the sparse route and each kernel alone for 16384 prefill\n"
-    "  tokens (S in 128..4096, H 128 and 16) and fp8_ds_mla decode (H 128 and 64, batch\n"
-    "  1..128, 8192-token contexts, topk 2048), next to a cuBLAS bf16 GEMM and a device\n"
-    "  copy measured in the same run; then a mixed serving batch (a 4096-token prompt, eight\n"
+    "  tokens (S in 128..4096, H 128 and 16), next to a cuBLAS bf16 GEMM and a device copy\n"
+    "  measured in the same run; then decode (issue 8; 8192-position requests, topk 2048):\n"
+    "  fp8_ds_mla route and kernel at H 128 and 64, batch 1..128; the kernel at H 16 and 32\n"
+    "  (against FlashMLA's H 64 time) with the cache bytes read per second; the kernel with\n"
+    "  bf16 and per-tensor fp8 caches (H 128, batch 64); 2 and 4 tokens per request planned\n"
+    "  as decodes (decode_threshold 2 / 4; H 128, batch 64), route and kernel, against the\n"
+    "  1-token rows; then a mixed serving batch (a 4096-token prompt, eight\n"
     "  of 300..2000, 32 decodes; fp8_ds_mla, H 128 and 64): its forward on one stream and with\n"
     "  DSMLA_OVERLAP_PATHS=1, and its dense and sparse requests alone; then one fp8_ds_mla\n"
     "  decode step (batch 64, H 128) eager and replayed from a captured CUDA graph; then the\n"
@@ -38,10 +42,10 @@ const char* kUsage =
     "  the published DeepGEMM + torch.topk figures (not same-run), the fp8 logits kernel alone\n"
     "  on 16K tokens against a cuBLASLt e4m3 GEMM of the same run, and a mixed batch with half\n"
     "  its prefill tokens dense, per_request against force_sparse.\n"
-    "  --quick: S 1024, H 128, decode batch 64, mixed H 128 only; indexer prefill 16K and\n"
-    "  decode B 64 at 64K.\n"
-    "  --only LIST: only these sections (comma-separated): attention (route and kernel rows),\n"
-    "  mixed, graph, indexer. The ceilings are always measured.\n"
+    "  --quick: S 1024, H 128; decode batch 64 (H 128, 16, 32, the caches, 2 / 4 tokens);\n"
+    "  mixed H 128 only; indexer prefill 16K and decode B 64 at 64K.\n"
+    "  --only LIST: only these sections (comma-separated): attention (prefill route and\n"
+    "  kernel rows), decode, mixed, graph, indexer. The ceilings are always measured.\n"
     "  --anchors FILE: anchors_bench.py --json of the same device call; kernel rows then show\n"
     "  its FlashMLA / cuDNN / FlashAttention-3 time and ours / anchor.\n"
     "  --calibrate FILE: instead, both routes of chunks of context 0..2000 and 2..2048 new\n"
@@ -66,8 +70,11 @@ Options parse_options(const Args& args) {
     while (start <= list.size()) {
       const std::size_t comma = std::min(list.find(',', start), list.size());
       const std::string name = list.substr(start, comma - start);
-      if (std::find(std::begin(bench::kSections), std::end(bench::kSections), name) == std::end(bench::kSections))
-        throw UsageError("--only: unknown section '" + name + "' (attention, mixed, graph, indexer)");
+      if (std::find(std::begin(bench::kSections), std::end(bench::kSections), name) == std::end(bench::kSections)) {
+        std::string known;
+        for (const char* section : bench::kSections) known += std::string(known.empty() ? "" : ", ") + section;
+        throw UsageError("--only: unknown section '" + name + "' (" + known + ")");
+      }
       o.only.push_back(name);
       start = comma + 1;
     }

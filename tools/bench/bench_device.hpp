@@ -159,6 +159,11 @@ struct SparseKernelArgs {
   const std::int32_t* lse_rows = nullptr;     // [T]
   void* workspace = nullptr;                  // sparse_kernel_workspace_bytes(T, H, topk) bytes
 };
+// The sparse kernel's heads per work item (plan/sparse_split.hpp, kSparseHeadsPerItem),
+// and its work items per query token at num_heads (its head blocks: each gathers
+// the token's keys).
+int sparse_kernel_heads_per_item();
+int sparse_kernel_items_per_token(int num_heads);
 // Device scratch the sparse kernel needs for this shape (split-KV partials); may be 0.
 std::size_t sparse_kernel_workspace_bytes(int num_tokens, int num_heads, int topk);
 void launch_sparse_kernel(const SparseKernelArgs& args, void* stream);

@@ -16,6 +16,7 @@
 #include "cuda/indexer/indexer_kernels.cuh"
 #include "cuda/indexer/indexer_variants.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
+#include "plan/sparse_split.hpp"
 
 namespace dsmla::cuda::bench {
 namespace {
@@ -26,6 +27,12 @@ const __nv_bfloat16* as_bf16(const std::uint16_t* p) {
 __nv_bfloat16* as_bf16(std::uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 }  // namespace
+
+int sparse_kernel_heads_per_item() { return kSparseHeadsPerItem; }
+
+int sparse_kernel_items_per_token(int num_heads) {
+  return (num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem;
+}
 
 std::size_t sparse_kernel_workspace_bytes(int num_tokens, int num_heads, int topk) {
   return sparse_mla_workspace_bytes(num_tokens, num_heads, topk);

@@ -34,7 +34,71 @@ Row make_row(What what, const Work& w) {
   r.flops = flops_of(what, w);
   r.bytes = bytes_of(what, w);
   r.anchor = anchor_for(what, w);
+  if (w.decode) r.cache_bytes_min = cache_bytes_min(w);
   return r;
+}
+
+namespace {
+
+// The decode row of `what` with w's H, batch and seq_len, and this cache and tokens per request.
+const Row* find_decode_row(const std::vector<Row>& rows, What what, const Work& w, CacheFormat cache, int query_len) {
+  for (const Row& x : rows) {
+    if (x.work.decode && x.what == what && x.work.heads == w.heads && x.work.requests == w.requests &&
+        x.work.seq_len == w.seq_len && x.work.cache == cache && x.work.query_len == query_len)
+      return &x;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<DecodeComparison> decode_comparison(const Row& r, const std::vector<Row>& rows) {
+  const Work& w = r.work;
+  if (!w.decode) return std::nullopt;
+  const auto ms = [](const Row& x) { return x.ok() ? x.median_ms() : 0.0; };
+  DecodeComparison c;
+  if (w.query_len > 1) {  // speculative decoding: against 1 token per request
+    const Row* one = find_decode_row(rows, r.what, w, w.cache, 1);
+    if (one == nullptr) return std::nullopt;
+    c.ratio_name = "time / 1-token time";
+    c.against = one->name() + " with 1 token per request (same H, batch, cache), same run";
+    c.value = ms(r);
+    c.reference = ms(*one);
+    c.bar = speculative_bar(w.query_len);
+    return c;
+  }
+  if (r.what == What::sparse_route) {
+    const Row* kernel = find_decode_row(rows, What::sparse_kernel, w, w.cache, 1);
+    if (kernel == nullptr) return std::nullopt;
+    c.ratio_name = "route / kernel alone";
+    c.against = "decode_kernel of the same batch, same run";
+    c.value = ms(r);
+    c.reference = ms(*kernel);
+    c.bar = w.heads == 128 && w.requests >= 16 && w.cache == kDecodeCache ? kDecodeRouteBar : 0;
+    return c;
+  }
+  if (r.what != What::sparse_kernel) return std::nullopt;
+  if (w.cache != kDecodeCache) {  // other cache formats: the rate at which the cache is read
+    const Row* ref = find_decode_row(rows, What::sparse_kernel, w, kDecodeCache, 1);
+    if (ref == nullptr) return std::nullopt;
+    c.ratio_name = "cache TB/s / " + std::string(to_string(kDecodeCache)) + " cache TB/s";
+    c.against = "decode_kernel with the " + std::string(to_string(kDecodeCache)) + " cache (same H, batch), same run";
+    c.value = r.cache_tbps_min();
+    c.reference = ref->cache_tbps_min();
+    c.rate = true;
+    c.bar = kCacheRateBar;
+    c.bar_at_most = false;
+    return c;
+  }
+  if (!r.same_run) return std::nullopt;
+  c.ratio_name = "ours / FlashMLA";
+  c.against = r.same_run->what;
+  c.value = ms(r);
+  c.reference = r.same_run->ms;
+  c.bar = w.heads >= kFlashMlaMinHeads                  ? kDecodeKernelBar
+          : w.requests >= kSmallHeadsBarMinBatch ? kSmallHeadsBar
+                                                 : 0;
+  return c;
 }
 
 std::string utc_now() {
@@ -59,7 +123,46 @@ std::string fmt(const char* format, double v) {
 
 
 
-json row_json(const Row& r, const Ceilings& c) {
+// Issue 8's fields of a decode row: its timed region, top-k sets, cache bytes
+// read and its comparison (decode_comparison).
+void decode_json(json& j, const Row& r, const Report& rep) {
+  const Ceilings& c = rep.ceilings;
+  j["timed"] = timed_region(r.what, r.work);
+  j["topk_sets"] = topk_sets_of(r.work);
+  if (r.decode_threshold > 0) j["decode_threshold"] = r.decode_threshold;
+  json cache = {{"bytes_per_token", bytes_per_token(r.work.cache)},
+                {"min_bytes", r.cache_bytes_min},
+                {"min_is", "each query token's valid top-k rows x bytes_per_token: read at least once per token"}};
+  if (r.items_per_token > 0) {
+    cache["items_per_token"] = r.items_per_token;
+    cache["gathered_bytes"] = r.cache_bytes_min * r.items_per_token;
+    cache["gathered_is"] = "min_bytes x the kernel's work items (head blocks) per token, each gathering its token's rows";
+  }
+  if (r.ok()) {
+    cache["min_tbps"] = r.cache_tbps_min();
+    cache["frac_copy_ceiling_min"] = c.copy_tbps > 0 ? r.cache_tbps_min() / c.copy_tbps : 0;
+    if (r.items_per_token > 0) {
+      cache["gathered_tbps"] = r.cache_tbps_gathered();
+      cache["frac_copy_ceiling_gathered"] = c.copy_tbps > 0 ? r.cache_tbps_gathered() / c.copy_tbps : 0;
+    }
+  }
+  j["cache_read"] = cache;
+  if (const std::optional<DecodeComparison> cmp = decode_comparison(r, rep.rows)) {
+    json k = {{"name", cmp->ratio_name}, {"against", cmp->against}, {"unit", cmp->rate ? "TB/s" : "ms"}};
+    if (cmp->reference > 0) k["reference"] = cmp->reference;
+    if (cmp->value > 0) k["value"] = cmp->value;
+    if (cmp->ratio() > 0) k["ratio"] = cmp->ratio();
+    if (cmp->bar > 0) {
+      k["bar"] = cmp->bar;
+      k["bar_is"] = cmp->bar_at_most ? "at most" : "at least";
+      if (cmp->ratio() > 0) k["meets_bar"] = cmp->meets();
+    }
+    j["comparison"] = k;
+  }
+}
+
+json row_json(const Row& r, const Report& rep) {
+  const Ceilings& c = rep.ceilings;
   json j;
   j["section"] = r.work.decode ? "decode" : "prefill";
   j["what"] = r.name();
@@ -103,6 +206,7 @@ json row_json(const Row& r, const Ceilings& c) {
     j["check"] = {{"nonfinite_outputs", r.nonfinite}, {"max_abs_output", r.max_abs_out}};
     if (r.max_abs_diff_vs_dense >= 0) j["check"]["max_abs_diff_vs_dense_route"] = r.max_abs_diff_vs_dense;
   }
+  if (r.work.decode) decode_json(j, r, rep);
   if (!r.note.empty()) j["note"] = r.note;
   if (!r.error.empty()) j["error"] = r.error;
   return j;
@@ -211,7 +315,7 @@ json report_json(const Report& rep) {
   j["anchor_source"] = kAnchorSource;
   if (!rep.same_run_source.empty()) j["same_run_anchor_source"] = rep.same_run_source;
   j["rows"] = json::array();
-  for (const Row& r : rep.rows) j["rows"].push_back(row_json(r, rep.ceilings));
+  for (const Row& r : rep.rows) j["rows"].push_back(row_json(r, rep));
   j["mixed"] = json::array();
   for (const MixedRow& m : rep.mixed) {
     json row = {{"heads", m.batch.heads}, {"cache", std::string(to_string(m.batch.cache))},
@@ -344,6 +448,102 @@ const Row* find_row(const std::vector<Row>& rows, What what, const Work& w) {
 
 std::string ms_cell(const Row& r) { return r.ok() ? fmt("%.3f", r.median_ms()) : "error"; }
 
+// "decode_kernel H 16 batch 64", with " q 2" / " bf16" where they differ from the plain decode row.
+std::string row_label(const Row& r) {
+  const Work& w = r.work;
+  if (!w.decode) {
+    return r.name() + " S " + std::to_string(w.seq_len) + " H " + std::to_string(w.heads) + " batch " +
+           std::to_string(w.requests);
+  }
+  std::string label = r.name() + " H " + std::to_string(w.heads) + " batch " + std::to_string(w.requests);
+  if (w.query_len != 1) label += " q " + std::to_string(w.query_len);
+  if (w.cache != kDecodeCache) label += " " + std::string(to_string(w.cache));
+  return label;
+}
+
+// Section `decode` (issue 8): every decode row with its cache read rate and its comparison.
+std::string decode_markdown(const Report& rep) {
+  const Ceilings& c = rep.ceilings;
+  std::vector<const Row*> rows;
+  for (const Row& r : rep.rows)
+    if (r.work.decode) rows.push_back(&r);
+  if (rows.empty()) return "";
+  std::string md = "## Decode (issue 8): requests of " + std::to_string(kDecodeSeqLen) + " positions, topk " +
+                   std::to_string(kTopk) + ", block " + std::to_string(kBlockSize) + "\n\n";
+  md += "| what | H | batch | tokens / request | cache | µs | TFLOP/s | cache MB read: once per token / gathered | "
+        "cache TB/s: once / gathered | % copy: once / gathered | ANCHORS.md µs (anchor / ours) | same-run anchor µs | "
+        "ratio | compared with | bar | meets |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const Row* p : rows) {
+    const Row& r = *p;
+    const Work& w = r.work;
+    const std::optional<DecodeComparison> cmp = decode_comparison(r, rep.rows);
+    md += "| " + r.name() + " | " + std::to_string(w.heads) + " | " + std::to_string(w.requests) + " | " +
+          std::to_string(w.query_len) +
+          (w.query_len > 1 ? " (decode_threshold " + std::to_string(w.query_len) + ", own top-k set per token)" : "") +
+          " | " + std::string(to_string(w.cache)) + " | ";
+    const bool gathered = r.items_per_token > 0;
+    const std::string mb = fmt("%.1f", r.cache_bytes_min / 1e6) + " / " +
+                           (gathered ? fmt("%.1f", r.cache_bytes_min * r.items_per_token / 1e6) : "–");
+    if (r.ok()) {
+      md += fmt("%.1f", 1e3 * r.median_ms()) + " | " + fmt("%.0f", r.tflops()) + " | " + mb + " | " +
+            fmt("%.2f", r.cache_tbps_min()) + " / " + (gathered ? fmt("%.2f", r.cache_tbps_gathered()) : "–") +
+            " | " + fmt("%.0f%%", 100 * r.cache_tbps_min() / c.copy_tbps) + " / " +
+            (gathered ? fmt("%.0f%%", 100 * r.cache_tbps_gathered() / c.copy_tbps) : "–") + " | ";
+    } else {
+      md += "error | | " + mb + " | | | ";
+    }
+    md += r.anchor ? fmt("%.1f", 1e3 * r.anchor->ms) + (r.ok() ? fmt(" (%.2fx)", r.anchor->ms / r.median_ms()) : "")
+                   : std::string("–");
+    md += " | " + (r.same_run ? fmt("%.1f", 1e3 * r.same_run->ms) : std::string("–")) + " | ";
+    if (cmp) {
+      md += (cmp->ratio() > 0 ? fmt("%.2f", cmp->ratio()) : std::string("–")) + " (" + cmp->ratio_name + ") | " +
+            cmp->against + " (" +
+            (cmp->reference > 0 ? (cmp->rate ? fmt("%.2f TB/s", cmp->reference) : fmt("%.1f µs", 1e3 * cmp->reference))
+                                : std::string("failed")) +
+            ") | ";
+      if (cmp->bar > 0) {
+        md += std::string(cmp->bar_at_most ? "<= " : ">= ") + fmt("%.2f", cmp->bar) + " | " +
+              (cmp->ratio() > 0 ? (cmp->meets() ? "yes" : "**no**") : "–") + " |\n";
+      } else {
+        md += "none here | – |\n";
+      }
+    } else {
+      md += "– | " + std::string(r.what == What::sparse_kernel && w.cache == kDecodeCache && w.query_len == 1
+                                      ? "no same-run anchor (--anchors)"
+                                      : "no reference row in this run") +
+            " | – | – |\n";
+    }
+  }
+  md += "\nTimed regions:\n\n";
+  std::vector<std::string> seen;
+  for (const Row* r : rows) {
+    std::string line = "- `" + r->name() + "`" +
+                       (r->what == What::sparse_kernel ? ", " + std::string(to_string(r->work.cache)) + " cache"
+                                                       : ", " + std::to_string(r->work.query_len) + " token(s) per request") +
+                       ": " + timed_region(r->what, r->work) + ".\n";
+    if (std::find(seen.begin(), seen.end(), line) == seen.end()) seen.push_back(line);
+  }
+  for (const std::string& line : seen) md += line;
+  md += "\nCache read per call: **once per token** = for each query token its valid top-k entries x the cache's "
+        "bytes per token (fp8_ds_mla 656, bf16 1152, fp8 576; DESIGN §4), the rows the kernel must read at least "
+        "once for that token (a row two tokens of a request both select counts twice); **gathered** = that x the "
+        "kernel's work items per token (its head blocks of " +
+        (rep.sparse_heads_per_item > 0 ? std::to_string(rep.sparse_heads_per_item) : std::string("?")) +
+        " heads, plan/sparse_split.hpp's kSparseHeadsPerItem: ceil(H / that) items, each gathering its token's "
+        "rows, so a row is gathered once per head block; L2 may serve the repeats). TB/s = bytes / median time; % copy = against the device-to-device copy ceiling of this run (" +
+        fmt("%.2f", c.copy_tbps) + " TB/s, read + write counted), so 100% would be a kernel that reads as fast as a "
+        "copy reads and writes. Top-k sets: token at position p takes one random position from each of " +
+        std::to_string(kTopk) + " equal strata of 0..p (p >= " + std::to_string(kTopk) +
+        " here, so every token has " + std::to_string(kTopk) +
+        " valid entries); with 2 or 4 tokens per request (positions " + std::to_string(kDecodeSeqLen) +
+        " - q .. " + std::to_string(kDecodeSeqLen - 1) +
+        ") each token's set is drawn independently, as DSA's indexer gives each token its own. The 1-token "
+        "rows are the reference of the tokens / request rows, the fp8_ds_mla row of the cache-format rows, "
+        "FlashMLA's H 64 time (same batch, same call) of the H 16 / 32 rows.\n\n";
+  return md;
+}
+
 std::string markdown(const Report& rep) {
   const Ceilings& c = rep.ceilings;
   std::string md;
@@ -354,12 +554,12 @@ std::string markdown(const Report& rep) {
   md += "Ceilings measured in this run: cuBLAS bf16 GEMM 8192^3 **" + fmt("%.0f", c.gemm_tflops) +
         " TFLOP/s**; device-to-device copy (2 GiB, read + write) **" + fmt("%.2f", c.copy_tbps) + " TB/s**.\n\n";
 
-  auto table = [&](bool decode) {
+  auto prefill_table = [&]() {
     md += "| what | S | H | batch | ms | TFLOP/s | % GEMM | TB/s | % copy | anchor ms | anchor / ours | anchor | "
           "same-run anchor ms | ours / same-run |\n";
     md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Row& r : rep.rows) {
-      if (r.work.decode != decode) continue;
+      if (r.work.decode) continue;
       md += "| " + r.name() + " | " + std::to_string(r.work.seq_len) + " | " + std::to_string(r.work.heads) +
             " | " + std::to_string(r.work.requests) + " | ";
       if (r.ok()) {
@@ -386,11 +586,10 @@ std::string markdown(const Report& rep) {
   };
 
   const bool any_prefill = std::any_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return !r.work.decode; });
-  const bool any_decode = std::any_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.work.decode; });
   if (any_prefill) {
     md += "## Prefill: 16384 tokens = B sequences of S, causal, cache " +
           std::string(to_string(rep.options.prefill_cache)) + ", topk 2048\n\n";
-    table(false);
+    prefill_table();
     md += "Dense route vs sparse route (the dense fast path's gain):\n\n";
     md += "| S | H | dense route ms | sparse route ms | sparse / dense | max abs diff of outputs |\n";
     md += "|---|---|---|---|---|---|\n";
@@ -404,11 +603,7 @@ std::string markdown(const Report& rep) {
     }
     md += "\n";
   }
-  if (any_decode) {
-    md += "## Decode: " + std::string(to_string(kDecodeCache)) +
-          " cache, 1 query token per request, 8192-token contexts, topk 2048\n\n";
-    table(true);
-  }
+  md += decode_markdown(rep);
   md += "FLOPs count valid work only (DESIGN §7): dense attention 2·pairs·H·(192+128), sparse "
         "2·valid·H·(576+512), up-projection 2·rows·512·H·256. TB/s counts compulsory traffic "
         "(inputs read once, outputs written once). anchor / ours > 1 means faster than the anchor.\n";
@@ -420,9 +615,7 @@ std::string markdown(const Report& rep) {
     if (!r.note.empty() || !r.error.empty()) {
       if (!any_error) md += "\nNotes and errors:\n\n";
       any_error = true;
-      md += "- " + r.name() + " S " + std::to_string(r.work.seq_len) + " H " + std::to_string(r.work.heads) +
-            " batch " + std::to_string(r.work.requests) + ": " + (r.error.empty() ? r.note : "ERROR " + r.error) +
-            "\n";
+      md += "- " + row_label(r) + ": " + (r.error.empty() ? r.note : "ERROR " + r.error) + "\n";
     }
   }
   md += mixed_markdown(rep);
@@ -436,9 +629,11 @@ void print_table(const Report& rep) {
               rep.ceilings.gemm_tflops, rep.ceilings.copy_tbps);
   if (rep.ceilings.fp8_gemm_tflops > 0) std::printf(", fp8 GEMM %.0f TFLOP/s", rep.ceilings.fp8_gemm_tflops);
   std::printf("\n");
-  std::printf("%-14s %5s %4s %5s %9s %8s %6s %6s %6s %9s %8s\n", "what", "S", "H", "batch", "ms", "TFLOP/s",
-              "%gemm", "TB/s", "%copy", "anchor", "anc/ours");
+  if (std::any_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return !r.work.decode; }))
+    std::printf("%-14s %5s %4s %5s %9s %8s %6s %6s %6s %9s %8s\n", "what", "S", "H", "batch", "ms", "TFLOP/s",
+                "%gemm", "TB/s", "%copy", "anchor", "anc/ours");
   for (const Row& r : rep.rows) {
+    if (r.work.decode) continue;
     std::printf("%-14s %5d %4d %5d ", r.name().c_str(), r.work.seq_len, r.work.heads, r.work.requests);
     if (r.ok()) {
       std::printf("%9.3f %8.1f %5.0f%% %6.2f %5.0f%% ", r.median_ms(), r.tflops(),
@@ -450,6 +645,27 @@ void print_table(const Report& rep) {
     if (r.anchor && r.ok()) std::printf(" %7.2fx", r.anchor->ms / r.median_ms());
     if (r.same_run && r.ok()) std::printf("  same run %.3f ms, ours / anchor %.2fx", r.same_run->ms, r.median_ms() / r.same_run->ms);
     std::printf("%s\n", r.error.empty() ? "" : ("  ERROR: " + r.error).c_str());
+  }
+  // Decode rows, one line each: "decode_kernel H 16 batch 64 q 1 fp8_ds_mla: 41.2 us, ... | ours / FlashMLA = 0.35 (bar <= 0.40: met)".
+  for (const Row& r : rep.rows) {
+    if (!r.work.decode) continue;
+    std::printf("%s H %d batch %d q %d %s: ", r.name().c_str(), r.work.heads, r.work.requests, r.work.query_len,
+                std::string(to_string(r.work.cache)).c_str());
+    if (!r.ok()) {
+      std::printf("ERROR: %s\n", r.error.c_str());
+      continue;
+    }
+    std::printf("%.1f us, %.1f TFLOP/s, cache read %.2f TB/s once per token", 1e3 * r.median_ms(), r.tflops(),
+                r.cache_tbps_min());
+    if (r.items_per_token > 0) std::printf(" / %.2f gathered", r.cache_tbps_gathered());
+    std::printf(" (%.0f%% of copy)", 100 * r.cache_tbps_min() / rep.ceilings.copy_tbps);
+    if (const std::optional<DecodeComparison> cmp = decode_comparison(r, rep.rows); cmp && cmp->ratio() > 0) {
+      std::printf(" | %s = %.2f", cmp->ratio_name.c_str(), cmp->ratio());
+      if (cmp->bar > 0)
+        std::printf(" (bar %s %.2f: %s)", cmp->bar_at_most ? "<=" : ">=", cmp->bar, cmp->meets() ? "met" : "NOT met");
+      std::printf(" vs %s", cmp->against.c_str());
+    }
+    std::printf("\n");
   }
   for (const MixedRow& m : rep.mixed) {
     if (!m.ok()) {

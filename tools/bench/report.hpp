@@ -29,6 +29,7 @@ struct Row {
   Work work;
   std::string policy;  // routes only
   int plan_topk = 0;   // routes only: PlanOptions::topk
+  int decode_threshold = 0;  // decode routes: PlanOptions::decode_threshold (= tokens per request)
   double flops = 0, bytes = 0;
   std::vector<float> samples_ms;
   int input_copies = 1;
@@ -40,6 +41,12 @@ struct Row {
   std::int64_t nonfinite = -1;
   double max_abs_out = 0;
   double max_abs_diff_vs_dense = -1;  // sparse route vs dense route, same inputs
+  // Decode rows: cache bytes per call the kernel must read at least once
+  // (cache_bytes_min), and work items per query token (the kernel's head
+  // blocks: each gathers its token's keys; 0 = not known), so that it gathers
+  // items_per_token x cache_bytes_min.
+  double cache_bytes_min = 0;
+  int items_per_token = 0;
 
   bool ok() const { return error.empty() && !samples_ms.empty(); }
   double median_ms() const { return median_of(samples_ms); }
@@ -48,7 +55,29 @@ struct Row {
   double tflops() const { return ok() ? flops / (median_ms() * 1e-3) / 1e12 : 0; }
   double tbps() const { return ok() ? bytes / (median_ms() * 1e-3) / 1e12 : 0; }
   std::string name() const { return name_of(what, work.decode); }
+  double cache_tbps_min() const { return ok() ? cache_bytes_min / (median_ms() * 1e-3) / 1e12 : 0; }
+  double cache_tbps_gathered() const { return cache_tbps_min() * items_per_token; }
 };
+
+// A decode row against issue 8's bar for it (decode_comparison): value / reference,
+// both measured in the same run.
+struct DecodeComparison {
+  std::string ratio_name;  // e.g. "ours / FlashMLA", "time / 1-token time"
+  std::string against;     // the reference, e.g. "FlashMLA fp8 decode at H 64, same run"
+  double value = 0, reference = 0;
+  bool rate = false;       // value and reference are cache TB/s (else ms)
+  double bar = 0;          // 0: the issue sets no bar at this row
+  bool bar_at_most = true;
+  double ratio() const { return reference > 0 && value > 0 ? value / reference : 0; }
+  bool meets() const { return bar > 0 && ratio() > 0 && (bar_at_most ? ratio() <= bar : ratio() >= bar); }
+};
+// The comparison of a decode row with its reference among `rows` (the same run):
+// kernel rows of fp8_ds_mla, 1 token: ours / the same-run FlashMLA anchor (H 64
+// for H 16 / 32); other caches: cache TB/s / the fp8_ds_mla kernel row's (same
+// H, batch); q tokens per request: time / the 1-token row's (same what, H,
+// batch, cache); route rows, 1 token: route / the kernel row of the batch.
+// None when the row is not a decode row or the reference is missing.
+std::optional<DecodeComparison> decode_comparison(const Row& r, const std::vector<Row>& rows);
 
 // A row for `what` of `w` with its counts and anchor, not yet timed.
 Row make_row(What what, const Work& w);
@@ -118,6 +147,7 @@ struct Report {
   std::optional<GraphRow> graph;
   std::vector<IndexerResult> indexer;
   std::string same_run_source;  // --anchors: the file and what it names
+  int sparse_heads_per_item = 0;  // the sparse kernel's heads per work item (decode rows' gathered bytes)
 };
 
 std::string utc_now();

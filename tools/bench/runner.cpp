@@ -132,17 +132,19 @@ class Runner {
     return c;
   }
 
-  // Times every row of one work description into `rows` (routes_only: the
-  // dense and sparse routes of a prefill, in that order).
-  void run(const Work& w, std::vector<Row>& rows, bool routes_only = false) {
-    std::vector<What> whats = w.decode     ? std::vector<What>{What::sparse_route, What::sparse_kernel}
-                              : routes_only ? std::vector<What>{What::dense_route, What::sparse_route}
-                                            : std::vector<What>{What::dense_route, What::sparse_route,
-                                                                What::dense_kernel, What::sparse_kernel};
+  // Times the rows `whats` of one work description into `rows`, in that order
+  // (empty: a decode's route and kernel, a prefill's routes and kernels).
+  void run(const Work& w, std::vector<Row>& rows, std::vector<What> whats = {}) {
+    if (whats.empty()) {
+      whats = w.decode ? std::vector<What>{What::sparse_route, What::sparse_kernel}
+                       : std::vector<What>{What::dense_route, What::sparse_route, What::dense_kernel,
+                                           What::sparse_kernel};
+    }
     std::vector<Row> out;
     for (What what : whats) {
       out.push_back(make_row(what, w));
       if (anchors_ != nullptr) out.back().same_run = same_run_anchor_for(what, w, *anchors_);
+      if (w.decode) out.back().items_per_token = dev::sparse_kernel_items_per_token(w.heads);
     }
     if (!device_error_.empty()) {
       for (Row& r : out) r.error = "skipped after an earlier device error: " + device_error_;
@@ -164,7 +166,8 @@ class Runner {
       return;
     }
     for (Row& r : out) {
-      progress("%s S %d H %d batch %d (%d input cop%s)", r.name().c_str(), w.seq_len, w.heads, w.requests,
+      progress("%s S %d H %d batch %d%s (%d input cop%s)", r.name().c_str(), w.seq_len, w.heads, w.requests,
+               w.decode ? (" q " + std::to_string(w.query_len) + " " + std::string(to_string(w.cache))).c_str() : "",
                r.input_copies, r.input_copies == 1 ? "y" : "ies");
       if (!device_error_.empty()) {
         r.error = "skipped after an earlier device error: " + device_error_;
@@ -294,6 +297,11 @@ class Runner {
     // route is planned with topk = S (full causal attention) so it can be timed.
     po.topk = dense ? std::max(w.topk, w.seq_len) : w.topk;
     po.policy = dense || w.decode ? RoutingPolicy::per_request : RoutingPolicy::force_sparse;
+    // A decode batch of q tokens per request (speculative decoding: q > 1) is planned as decodes.
+    if (w.decode) {
+      po.decode_threshold = w.query_len;
+      r.decode_threshold = po.decode_threshold;
+    }
     // per_request routes dense whenever the path is exact once dense costs
     // next to nothing: the row times the dense route whatever the cost model
     // would choose (the calibration grid holds chunks where it chooses sparse).
@@ -312,6 +320,11 @@ class Runner {
     if (dense && (plan.dense_query_rows != t || plan.num_sparse_tokens() != 0)) {
       throw Error("the planner routed " + std::to_string(plan.dense_query_rows) + " of " + std::to_string(t) +
                   " tokens dense under per_request");
+    }
+    if (w.decode && static_cast<int>(plan.decode_requests.size()) != w.requests) {
+      throw Error("the planner planned " + std::to_string(plan.decode_requests.size()) + " of " +
+                  std::to_string(w.requests) + " requests as decodes (decode_threshold " +
+                  std::to_string(po.decode_threshold) + ")");
     }
     if (!dense && static_cast<std::int64_t>(plan.num_sparse_tokens()) != t) {
       throw Error("the planner routed " + std::to_string(plan.num_sparse_tokens()) + " of " + std::to_string(t) +
@@ -801,7 +814,7 @@ int run_calibration(Runner& runner, Report& rep, const Options& options) {
   std::vector<Calibration> cals;
   for (const Work& w : calibration_grid(options)) {
     const std::size_t first = rep.rows.size();
-    runner.run(w, rep.rows, /*routes_only=*/true);
+    runner.run(w, rep.rows, {What::dense_route, What::sparse_route});
     const Row& dense = rep.rows[first];
     const Row& sparse = rep.rows[first + 1];
     if (!dense.ok() || !sparse.ok()) continue;  // the table shows the error
@@ -860,8 +873,11 @@ int run_bench(const Options& options) {
   Runner runner(options, info, anchors ? &*anchors : nullptr);
   rep.ceilings = runner.measure_ceilings();
   if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
+  rep.sparse_heads_per_item = dev::sparse_kernel_heads_per_item();
   if (options.runs("attention"))
-    for (const Work& w : work_list(options)) runner.run(w, rep.rows);
+    for (const Work& w : prefill_work_list(options)) runner.run(w, rep.rows);
+  if (options.runs("decode"))
+    for (const DecodeWork& d : decode_work_list(options)) runner.run(d.work, rep.rows, d.whats);
   if (options.runs("mixed"))
     for (const MixedBatch& m : mixed_batches(options)) rep.mixed.push_back(time_mixed(m, options));
   if (options.runs("graph")) rep.graph = time_decode_graph(options);

@@ -133,6 +133,8 @@ double heads_anchor(std::span<const HeadsAnchor> table, int heads) {
 
 std::optional<Anchor> anchor_for(What what, const Work& w) {
   if (w.decode) {
+    // ANCHORS.md's decode figures: fp8_ds_mla, one query token.
+    if (w.cache != CacheFormat::fp8_ds_mla || w.query_len != 1) return std::nullopt;
     for (const DecodeAnchor& a : kDecodeAnchors) {
       if (a.batch != w.requests) continue;
       const double us = w.heads == 128 ? a.h128_us : w.heads == 64 ? a.h64_us : 0;
@@ -200,21 +202,27 @@ SameRunAnchors load_same_run_anchors(const std::string& path) {
 }
 
 std::optional<Anchor> same_run_anchor_for(What what, const Work& w, const SameRunAnchors& anchors) {
-  const auto find = [&](const char* name, int size) -> double {
-    const auto it = anchors.ms.find(std::string(name) + " " + std::to_string(size) + " " + std::to_string(w.heads));
+  const auto find = [&](const char* name, int size, int heads) -> double {
+    const auto it = anchors.ms.find(std::string(name) + " " + std::to_string(size) + " " + std::to_string(heads));
     return it == anchors.ms.end() ? 0 : it->second;
   };
   if (w.decode) {
-    const double ms = what == What::sparse_kernel ? find("flashmla_fp8_decode", w.requests) : 0;
-    if (ms > 0) return Anchor{ms, "FlashMLA fp8 decode, same run", 0, ""};
-    return std::nullopt;
+    // anchors_bench.py times fp8_ds_mla decode with one query token at H 64 and 128; H 16 / 32
+    // compare with its H 64 time (FlashMLA runs them padded to 64 heads).
+    if (what != What::sparse_kernel || w.cache != CacheFormat::fp8_ds_mla || w.query_len != 1) return std::nullopt;
+    const int heads = std::max(w.heads, kFlashMlaMinHeads);
+    const double ms = find("flashmla_fp8_decode", w.requests, heads);
+    if (ms <= 0) return std::nullopt;
+    return Anchor{ms, heads == w.heads ? "FlashMLA fp8 decode, same run"
+                                       : "FlashMLA fp8 decode at H " + std::to_string(heads) + ", same run",
+                  0, ""};
   }
   if (what == What::sparse_kernel) {
-    const double ms = find("flashmla_sparse_prefill", w.seq_len);
+    const double ms = find("flashmla_sparse_prefill", w.seq_len, w.heads);
     if (ms > 0) return Anchor{ms, "FlashMLA sparse prefill, same run", 0, ""};
   }
   if (what == What::dense_kernel) {
-    const double fa3 = find("fa3_dense", w.seq_len), cudnn = find("cudnn_dense", w.seq_len);
+    const double fa3 = find("fa3_dense", w.seq_len, w.heads), cudnn = find("cudnn_dense", w.seq_len, w.heads);
     if (fa3 > 0 || cudnn > 0) {
       const bool use_cudnn = cudnn > 0 && (fa3 <= 0 || cudnn <= fa3);
       return Anchor{use_cudnn ? cudnn : fa3, use_cudnn ? "cuDNN SDPA, same run" : "FlashAttention-3, same run", 0, ""};
@@ -265,12 +273,10 @@ std::vector<Work> calibration_grid(const Options& o) {
   return list;
 }
 
-std::vector<Work> work_list(const Options& o) {
+std::vector<Work> prefill_work_list(const Options& o) {
   const std::vector<int> seq_lens =
       o.quick ? std::vector<int>{1024} : std::vector<int>{128, 256, 512, 1024, 2048, 4096};
   const std::vector<int> prefill_heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 16};
-  const std::vector<int> decode_heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 64};
-  const std::vector<int> batches = o.quick ? std::vector<int>{64} : std::vector<int>{1, 16, 64, 128};
   std::vector<Work> list;
   for (int h : prefill_heads) {
     for (int s : seq_lens) {
@@ -282,20 +288,63 @@ std::vector<Work> work_list(const Options& o) {
       list.push_back(w);
     }
   }
-  for (int h : decode_heads) {
-    for (int b : batches) {
-      Work w;
-      w.decode = true;
-      w.requests = b;
-      w.query_len = 1;
-      w.seq_len = kDecodeSeqLen;
-      w.heads = h;
-      w.cache = kDecodeCache;
-      list.push_back(w);
-    }
-  }
   return list;
 }
+
+// ---------------------------------------------------------------- decode (issue 8)
+std::vector<DecodeWork> decode_work_list(const Options& o) {
+  const std::vector<int> batches = o.quick ? std::vector<int>{64} : std::vector<int>{1, 16, 64, 128};
+  const std::vector<int> heads = o.quick ? std::vector<int>{128} : std::vector<int>{128, 64};
+  constexpr int kFormatsBatch = 64, kFormatsHeads = 128, kSpecBatch = 64, kSpecHeads = 128;
+  const auto decode = [](int requests, int h, CacheFormat cache, int tokens) {
+    Work w;
+    w.decode = true;
+    w.requests = requests;
+    w.query_len = tokens;
+    w.seq_len = kDecodeSeqLen;
+    w.heads = h;
+    w.cache = cache;
+    return w;
+  };
+  const std::vector<What> both{What::sparse_route, What::sparse_kernel}, kernel{What::sparse_kernel};
+  std::vector<DecodeWork> list;
+  for (int h : heads)
+    for (int b : batches) list.push_back({decode(b, h, kDecodeCache, 1), both});
+  for (int h : {16, 32})
+    for (int b : batches) list.push_back({decode(b, h, kDecodeCache, 1), kernel});
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8})
+    list.push_back({decode(kFormatsBatch, kFormatsHeads, f, 1), kernel});
+  for (int q : {2, 4}) list.push_back({decode(kSpecBatch, kSpecHeads, kDecodeCache, q), both});
+  return list;
+}
+
+double cache_bytes_min(const Work& w) { return w.sparse_valid() * bytes_per_token(w.cache); }
+
+std::string topk_sets_of(const Work& w) {
+  const std::string strata = "one random position from each of " + std::to_string(w.topk) + " equal strata of 0..p";
+  if (w.query_len == 1) return "position p = " + std::to_string(w.seq_len - 1) + ": " + strata;
+  return std::to_string(w.query_len) + " tokens per request at positions " + std::to_string(w.ctx_len()) + ".." +
+         std::to_string(w.seq_len - 1) + ", each with its own set (" + strata +
+         "), drawn independently per token (no shared picks between a request's tokens)";
+}
+
+std::string timed_region(What what, const Work& w) {
+  switch (what) {
+    case What::sparse_kernel:
+      return "launch_sparse_mla alone (its split-KV partial kernel and, when plan_sparse_split splits, the merge "
+             "kernel) on a random absorbed query [T, H, 576], the " + std::string(to_string(w.cache)) +
+             " cache and precomputed global slots / valid counts; no index conversion, no GEMMs, no cache write";
+    case What::sparse_route:
+      return "Attention::run() planned per_request, decode_threshold " + std::to_string(w.query_len) +
+             " (every request a decode): pre-attention launch (cache write of the new tokens, top-k -> global "
+             "slots, q_pe copy), q absorption GEMM, launch_sparse_mla (+ split-KV merge), output up-projection GEMM";
+    case What::dense_route:
+    case What::dense_kernel: break;
+  }
+  return "?";
+}
+
+double speculative_bar(int query_len) { return query_len == 2 ? 1.3 : query_len == 4 ? 2.0 : 0; }
 
 // ---------------------------------------------------------------- lightning indexer
 const char* name_of(IndexerKind k) {

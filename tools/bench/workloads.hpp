@@ -30,7 +30,7 @@ constexpr int kMaxInputCopies = 64;
 constexpr double kBf16 = 2, kFp32 = 4, kInt32 = 4;
 
 // The sections of a run (--only takes a comma-separated list of them).
-inline constexpr const char* kSections[] = {"attention", "mixed", "graph", "indexer"};
+inline constexpr const char* kSections[] = {"attention", "decode", "mixed", "graph", "indexer"};
 
 struct Options {
   std::string json_path, md_path;
@@ -49,7 +49,8 @@ struct Options {
 
 // ---------------------------------------------------------------- work and its counts
 // A uniform batch: `requests` requests of seq_len positions, the last
-// query_len of them new (prefill: query_len = seq_len; decode: query_len = 1).
+// query_len of them new (prefill: query_len = seq_len; decode: query_len = 1,
+// or 2 / 4 for speculative decoding, planned with decode_threshold = query_len).
 struct Work {
   bool decode = false;
   int requests = 0;
@@ -91,9 +92,44 @@ double flops_of(What what, const Work& w);
 // deciding how many input copies keep the working set out of L2.
 double bytes_of(What what, const Work& w);
 
-// The prefill batches (S 128..4096, H 128 and 16) and decode batches (batch
-// 1..128, H 128 and 64) of a run; --quick: S 1024, H 128, decode batch 64.
-std::vector<Work> work_list(const Options& o);
+// The prefill batches of a run (S 128..4096, H 128 and 16); --quick: S 1024, H 128.
+std::vector<Work> prefill_work_list(const Options& o);
+
+// ---------------------------------------------------------------- decode (issue 8)
+// One decode batch of section `decode` and the rows timed of it (decode_kernel
+// and / or decode_route, in that list's order).
+struct DecodeWork {
+  Work work;
+  std::vector<What> whats;
+};
+// Every batch: `requests` requests of kDecodeSeqLen positions, topk 2048, block 64.
+//   H 128 and 64, batch 1 / 16 / 64 / 128, fp8_ds_mla, 1 token: route and kernel;
+//   H 16 and 32, the same batches: kernel (issue 8's small-H bar is on the kernel);
+//   H 128, batch 64, bf16 and fp8 (per-tensor) caches, 1 token: kernel;
+//   H 128, batch 64, fp8_ds_mla, 2 and 4 tokens per request (speculative decoding,
+//   decode_threshold 2 and 4): route and kernel.
+// --quick: batch 64 only, and H 128 only in the first kind.
+std::vector<DecodeWork> decode_work_list(const Options& o);
+
+// Cache bytes a decode call must read at least once: for each query token, its
+// valid top-k rows x bytes_per_token(cache) (a row two tokens of a request both
+// select counts twice: each token's attention reads it).
+double cache_bytes_min(const Work& w);
+// The top-k sets of a batch in words: how the rows of the bench are drawn.
+std::string topk_sets_of(const Work& w);
+// What one timed call of row `what` of decode batch `w` holds.
+std::string timed_region(What what, const Work& w);
+
+// Issue 8's bars. Kernel rows at H >= 64: ours / FlashMLA (same H, same run) <= 1.0;
+// H 16 / 32: ours / FlashMLA's H 64 time (same batch, same run) <= 0.4 at batch >= 16;
+// bf16 / fp8 caches: cache bytes read per second >= the fp8_ds_mla row's (same H, batch);
+// q tokens per request: time / the 1-token time of the same call <= 1.3 (q 2), 2.0 (q 4);
+// route rows at H 128, batch 16..128: route / kernel alone <= 1.15.
+constexpr double kDecodeKernelBar = 1.0, kSmallHeadsBar = 0.4, kCacheRateBar = 1.0, kDecodeRouteBar = 1.15;
+constexpr int kSmallHeadsBarMinBatch = 16;
+constexpr int kFlashMlaMinHeads = 64;  // FlashMLA's decode runs 64 or 128 heads (16 / 32 padded to 64)
+// The speculative-decoding bar of q tokens per request (0: none).
+double speculative_bar(int query_len);
 
 // --calibrate: chunks of ctx_len cached and q_len new tokens with seq_len <=
 // topk (context 0..2000, new tokens 2..2048; one new token is a decode, which
