@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# `dsmla bench` (routes, kernels, the mixed serving batch, the indexer rows) against the anchors
+# `dsmla bench` (prefill routes and kernels, the decode rows of issue 8, the mixed serving batch,
+# the graph row, the indexer rows) against the anchors
 # of this call ($OUT/anchors.json, written by scripts/gpu-iterate.sh), then
 # issue 7's peer stack on the same mixed batch (bench/peer_stack_mixed.py:
 # FlashMLA + torch bmm, per-batch routing) with the dsmla / peer ratios.
 # Needs build-gpu (scripts/gpu-iterate.sh builds it) and .anchors/*.whl.
 # Arguments go to dsmla bench; with --only the peer stack runs only when the
 # list holds `mixed` (it reads the mixed batch's rows).
-# Usage: scripts/gpu-bench.sh [--quick] [--only attention,mixed,graph,indexer]   (about 10 s + 30 s;
-#        the indexer rows about 30 s more; --only indexer: about 40 s)
+# Usage: scripts/gpu-bench.sh [--quick] [--only attention,decode,mixed,graph,indexer]   (about 10 s + 30 s;
+#        the decode and indexer rows about 30 s more each; --only indexer or --only decode: about 40 s)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 OUT=${OUT:-$root/out}; mkdir -p "$OUT"
@@ -18,7 +19,7 @@ echo "== dsmla bench $*"
 anchors=(); [ -f "$OUT/anchors.json" ] && anchors=(--anchors "$OUT/anchors.json")
 timeout 500 build-gpu/dsmla bench "$@" ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
   >"$OUT/bench.log" 2>&1 || { status=1; echo "BENCH FAILED"; }
-grep -E "^mixed|^indexer|ERROR" "$OUT/bench.log" | tail -20
+grep -E "^decode|^mixed|^indexer|ERROR" "$OUT/bench.log" | tail -60
 peer=1
 for ((i = 1; i <= $#; i++)); do
   if [ "${!i}" = --only ]; then j=$((i + 1)); case ",${!j:-}," in *,mixed,*) ;; *) peer=0 ;; esac; fi
