@@ -9,7 +9,11 @@
 #
 # Usage (device tool, carry [".whl", ".deps"]; scripts/pack-python-wheels.sh
 # and scripts/pack-device-deps.sh fill them):
-#   scripts/gpu-python.sh            logs into $OUT (default ./out)
+#   scripts/gpu-python.sh [TEST_PATH...]   logs into $OUT (default ./out)
+# TEST_PATH: only these test files / folders (default: the GPU set, then the
+# CPU set). DSMLA_TEST_TIMEOUT: seconds per test file (default 300). The
+# build tree (build-gpu-python/build) is kept, so a second call on a warm
+# machine rebuilds incrementally.
 # Files written (flat): python-env.txt, python-build.log, python-tests.log,
 # transformers.json (logit errors, prefill times).
 set -uo pipefail
@@ -53,12 +57,14 @@ echo "== tests"
 export PYTHONPATH=$site:$tools DSMLA_REPORT_DIR=$out
 : >"$out/python-tests.log"
 summary=() status=0
-for f in tests/python/gpu/test_torch_cuda.py tests/python/gpu/test_torch_cpu.py \
-         tests/python/gpu/test_transformers.py tests/python/cpu; do
+files=("$@")
+[ ${#files[@]} -gt 0 ] || files=(tests/python/gpu/test_torch_cuda.py tests/python/gpu/test_torch_cpu.py
+                                 tests/python/gpu/test_transformers.py tests/python/cpu)
+for f in "${files[@]}"; do
   start=$SECONDS
   echo "==== $f" >>"$out/python-tests.log"
   # -s: the transformers tests print their errors and times; -rA: a line per test.
-  timeout 300 "$py" -m pytest "$f" -q -rA -s -p no:cacheprovider >>"$out/python-tests.log" 2>&1
+  timeout "${DSMLA_TEST_TIMEOUT:-300}" "$py" -m pytest "$f" -q -rA -s -p no:cacheprovider >>"$out/python-tests.log" 2>&1
   rc=$?
   line=$(tail -1 "$out/python-tests.log")
   summary+=("$(printf '%-42s rc %3d %4ds  %s' "$f" "$rc" $((SECONDS - start)) "$line")")
@@ -71,7 +77,7 @@ for f in tests/python/gpu/test_torch_cuda.py tests/python/gpu/test_torch_cpu.py 
       >>"$out/python-tests.log" 2>&1
   fi
 done
-grep -E "^(FAILED|ERROR)|rel-L2|prefill of" "$out/python-tests.log" | head -60
+grep -E "^(FAILED|ERROR)|rel-L2|top-k holds|prefill of" "$out/python-tests.log" | head -80
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 [ $status = 0 ] && echo "== all Python GPU tests passed" || echo "== SOME PYTHON TESTS FAILED (see $out/python-tests.log)"
