@@ -88,7 +88,8 @@ struct Smem {
   std::uint32_t valid[kStages][2];      // bit i of word h: key 32 h + i has a cache row
   float w[kRows][4][16];                // [row][lane % 4][2 jj + f] = weight of head 8 jj + 2 (lane % 4) + f
   pl::Mbarrier full[kStages];           // 32 cp.async arrivals + 32 plain arrivals of the producer
-  pl::Mbarrier empty[kStages];          // one arrival per consumer warp
+  pl::Mbarrier empty[kStages];          // one arrival per consumer thread
+  pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
   Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
@@ -193,7 +194,7 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
       gather(s, p, u.request, u.max_pos, (w.tile0 + t) * kTileKeys, stage_of(it), lane);
     }
   }
-  pl::wait_copies<0>();  // nothing in flight when the warp exits
+  pl::wait_copies<0>();  // nothing in flight when the warp reaches the kernel's final barrier
 }
 
 // ------------------------------------------------------------------ consumers (warps 0-3)
@@ -203,11 +204,11 @@ struct Lane {
   __device__ int key() const { return 16 * warp + lane / 4 + 8 * b1; }  // the key this lane stores
 };
 
-// Releases `stage` to the producer (every MMA that read it has completed).
-__device__ __forceinline__ void release(Smem& s, int stage, const Lane& L) {
-  __syncwarp();
-  if (L.lane == 0) pl::arrive(&s.empty[stage]);
-}
+// Releases `stage` to the producer (every MMA that read it has completed, and this
+// thread's reads of its scale and validity are done). Every consumer thread
+// arrives (not lane 0 after __syncwarp): racecheck orders a thread's smem reads
+// before the producer's next writes of the stage only through its own arrival.
+__device__ __forceinline__ void release(Smem& s, int stage, const Lane&) { pl::arrive(&s.empty[stage]); }
 
 template <int kN>
 __device__ __forceinline__ void issue(float (&acc)[kN / 2], std::uint32_t k_addr, std::uint32_t q_addr) {
@@ -372,8 +373,11 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
     const float x = pick(w.pos, r) >= 0 && h < heads ? p.weights[std::int64_t{pick(rows, r).token} * heads + h] : 0.f;
     s.w[r][(h % 8) / 2][2 * (h / 8) + h % 2] = x;
   }
+  // Generic-proxy writes, read by wgmma (async proxy) and, for w, by other threads:
+  // handed over through an mbarrier (racecheck follows arrive / wait).
   pl::fence_smem_for_mma();
-  pl::named_sync(kConsumerThreads, 0);
+  pl::arrive(&s.q_ready);
+  pl::wait(&s.q_ready, 0);
 
   ConsumerCtx c{s, w, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
                 pl::smem_addr(s.k)};
@@ -432,14 +436,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     s.work = w;
     for (int i = 0; i < kStages; ++i) {
       pl::init(&s.full[i], 2 * kProducerThreads);
-      pl::init(&s.empty[i], kConsumerThreads / 32);
+      pl::init(&s.empty[i], kConsumerThreads);
     }
+    pl::init(&s.q_ready, kConsumerThreads);
     pl::fence_init();
   }
   __syncthreads();
 
   if (threadIdx.x >= kConsumerThreads) produce(s, p, s.work);
   else consume(s, p, s.work, rows);
+  // The producer waits here for the consumers instead of exiting while they still
+  // read the smem it wrote (as the sparse kernel's head_rows_kernel).
+  __syncthreads();
 }
 
 }  // namespace
