@@ -286,11 +286,12 @@ const char* to_string(IndexerLogitsKernel kernel) {
 IndexerLogitsKernel default_indexer_logits_kernel() {
   static const IndexerLogitsKernel kernel = [] {
     const char* env = std::getenv("DSMLA_INDEXER_LOGITS");
-    // wgmma since its first GPU run (2026-12-01, both kernels passed the same
-    // tests; wgmma 19x faster on a 16K prefill); cuda_core stays as the reference.
+    // wgmma_ws since its first GPU run (2026-12-02: the same tests passed,
+    // 1.84x faster than wgmma on a 16K prefill, NOTES.md v2); wgmma before it
+    // (19x faster than cuda_core), which stays as the reference.
     if (env != nullptr && std::strcmp(env, "cuda_core") == 0) return IndexerLogitsKernel::cuda_core;
-    if (env != nullptr && std::strcmp(env, "wgmma_ws") == 0) return IndexerLogitsKernel::wgmma_ws;
-    return IndexerLogitsKernel::wgmma;
+    if (env != nullptr && std::strcmp(env, "wgmma") == 0) return IndexerLogitsKernel::wgmma;
+    return IndexerLogitsKernel::wgmma_ws;
   }();
   return kernel;
 }
