@@ -482,7 +482,7 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 15;
     v.push_back(c);
   }
-  {  // Row chunking: max_pos 65535 puts 128 rows in a 32 MiB chunk; 2100 short rows make 17 chunks.
+  {  // Row chunking: max_pos 65535 puts 2048 rows in a 512 MiB chunk; 2100 short rows make two chunks.
     TopkCase c{.name = "h16_b64_chunks", .heads = 16, .block_size = 64, .topk = 32, .num_blocks = 40, .max_blocks = 8};
     c.contexts = std::vector<int>(20, 250);
     c.rows_per_request = 103;

@@ -15,12 +15,8 @@ inline constexpr int kMaxHeads = 64;
 inline constexpr int kMaxPositions = 1 << 20;
 inline constexpr int kMaxTopk = 1 << 16;
 // The logits workspace holds at most this many bytes: rows are processed in
-// chunks of chunk_rows(...) rows (logits of the chunk, then its top-k). Small
-// enough that a chunk's keys stay in the 60 MB L2 between the logits launch
-// that writes them and the top-k launch that reads them four times (at
-// 512 MiB every top-k pass read HBM); a row of 2^20 positions (4 MiB) still
-// leaves 8 rows a chunk.
-inline constexpr std::int64_t kWorkspaceBudgetBytes = std::int64_t{32} << 20;
+// chunks of chunk_rows(...) rows (logits of the chunk, then its top-k).
+inline constexpr std::int64_t kWorkspaceBudgetBytes = std::int64_t{512} << 20;
 // Logits rows are padded to a multiple of this many positions (one key tile of
 // the logits kernels; keeps every row 256-byte aligned).
 inline constexpr int kRowAlign = 64;
