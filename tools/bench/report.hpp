@@ -125,6 +125,9 @@ struct IndexerResult {
   bool reference_same_run = false;
   double bar = 0;
   bool bar_at_most = true;           // ratio <= bar meets it (else ratio >= bar)
+  // Set when this batch cannot test the bar (why, in a few words): the
+  // outputs then say "n/a" instead of met / not met.
+  std::string bar_untestable;
   std::string note, error;
 
   bool ok() const { return error.empty() && !samples_ms.empty(); }
@@ -134,6 +137,9 @@ struct IndexerResult {
   double value() const;
   double ratio() const { return reference > 0 && ok() ? value() / reference : 0; }
   bool meets() const { return ratio() > 0 && (bar_at_most ? ratio() <= bar : ratio() >= bar); }
+  std::string verdict(const char* yes, const char* no) const {
+    return !bar_untestable.empty() ? "n/a: " + bar_untestable : meets() ? yes : no;
+  }
   std::string name() const { return name_of(work.kind); }
 };
 

@@ -33,7 +33,9 @@ are the adapter's, not ``position_ids``'.
 ``state.observer``, when set, is called after each layer's dsmla call as
 ``observer(layer_idx, step, tensors)``: ``tensors`` holds the ``kv_c`` and
 ``k_pe`` dsmla was given and the ``topk_indices`` it used ([T, topk] int32 in
-dsmla's token order; rows of tokens routed dense all -1), and ``step.requests``
+dsmla's token order; with ``indexer="dsmla"`` rows of tokens routed dense are
+all -1, with ``indexer="transformers"`` every row is transformers' selection),
+and ``step.requests``
 / ``step.token_positions`` (NumPy) give each token's row and position.
 
 Written against transformers' modeling_deepseek_v32.py of 2026 (attention
@@ -311,7 +313,10 @@ def _make_forward(attn, state):
     if state.indexer == "dsmla":
         index_rope = _modeling_function(attn, "apply_rotary_pos_emb")  # the indexer's half-split rotary
         Di = attn.indexer.head_dim
-        hadamard = _hadamard(Di, state.device) if Di & (Di - 1) == 0 else None
+        if Di <= 0 or Di & (Di - 1) != 0:
+            raise ValueError(f"layer {layer}: the indexer's head_dim {Di} is not a power of two; "
+                             "its Hadamard rotation (DeepSeek's reference) needs one")
+        hadamard = _hadamard(Di, state.device)
     else:
         indexer_cache_arg, indexer_params = _indexer_call(attn.indexer)
         index_cache = _IndexerCache(state)
