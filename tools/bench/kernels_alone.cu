@@ -14,6 +14,7 @@
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/indexer_schedule.hpp"
 #include "cuda/indexer/indexer_variants.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "plan/sparse_split.hpp"
@@ -84,18 +85,11 @@ void launch_dense_kernel(const DenseKernelArgs& a, void* stream) {
 }
 
 IndexerSchedule upload_indexer_schedule(const Plan& plan) {
-  if (!plan.options.indexer) throw Error("upload_indexer_schedule: the plan was made without PlanOptions::indexer");
-  // What CudaBackend::on_plan uploads for run_indexer.
-  std::vector<IndexerRow> rows;
-  rows.reserve(plan.indexer_rows.size());
-  for (const dsmla::IndexerRow& r : plan.indexer_rows) rows.push_back({r.token, r.request, r.pos});
-  std::vector<std::int32_t> fill(static_cast<std::size_t>(plan.num_tokens), 0);
-  for (const std::int32_t t : plan.full_set_tokens) fill[t] = plan.token_position[t] + 1;
-  for (const dsmla::IndexerRow& r : plan.indexer_rows) fill[r.token] = -1;
+  const IndexerHostSchedule host = make_indexer_schedule(plan);  // what CudaBackend::on_plan uploads for run_indexer
   IndexerSchedule s;
-  s.rows.upload(rows);
-  s.fill_counts.upload(fill);
-  s.num_rows = static_cast<int>(rows.size());
+  s.rows.upload(host.rows);
+  s.fill_counts.upload(host.fill_counts);
+  s.num_rows = static_cast<int>(host.rows.size());
   s.max_pos = plan.max_indexer_pos;
   return s;
 }

@@ -531,7 +531,7 @@ class ForwardRig {
       a.weights = x.weights.data();
       a.index_k = x.k.data();
       a.index_cache = x.cache.data();
-      a.num_blocks = host_.num_cache_blocks;
+      a.num_blocks = p.num_cache_slots / p.block_size;  // as CudaBackend::run_indexer
       a.block_size = kBlockSize;
       a.block_table = meta_.block_table.data();
       a.max_blocks_per_request = host_.max_blocks_per_request;
@@ -541,7 +541,7 @@ class ForwardRig {
       a.head_dim = kIndexHeadDim;
       a.topk = p.options.topk;
       a.topk_out = topk_out.data();
-      a.workspace = scratch.data();
+      a.workspace = scratch.bytes() > 0 ? scratch.data() : nullptr;  // as CudaBackend::run_indexer
       return a;
     };
     const int n = index_copies();

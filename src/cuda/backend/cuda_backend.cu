@@ -86,6 +86,7 @@
 #include "cuda/common/stream.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/indexer/indexer.hpp"
+#include "cuda/indexer/indexer_schedule.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "plan/latent_staging.hpp"
 
@@ -341,14 +342,9 @@ void CudaBackend::on_plan(const Plan& plan) {
     throw Error("CUDA backend: plan.dense_kv_rows " + std::to_string(kv_rows) + " != sum of dense seq_lens " +
                 std::to_string(rows.size()));
 
-  std::vector<IndexerRow> indexer_rows;
-  std::vector<std::int32_t> fill_counts;
+  IndexerHostSchedule indexer;
   if (plan.options.indexer) {
-    if (plan.max_indexer_pos < 0) throw Error("CUDA backend: plan.max_indexer_pos < 0");
-    for (const dsmla::IndexerRow& r : plan.indexer_rows) indexer_rows.push_back({r.token, r.request, r.pos});
-    fill_counts.assign(static_cast<std::size_t>(plan.num_tokens), 0);
-    for (const std::int32_t t : plan.full_set_tokens) fill_counts[t] = plan.token_position[t] + 1;
-    for (const dsmla::IndexerRow& r : plan.indexer_rows) fill_counts[r.token] = -1;
+    indexer = make_indexer_schedule(plan);
     require_region(plan.ws_index_topk, static_cast<std::size_t>(plan.num_tokens) * plan.options.topk * 4,
                    "ws_index_topk");
   }
@@ -363,8 +359,8 @@ void CudaBackend::on_plan(const Plan& plan) {
   dense_requests_.upload(make_dense_mha_requests(packed.requests));
   dense_work_.upload(make_dense_mha_schedule(packed.requests));
   dense_first_key_.upload(packed.first_key);
-  indexer_rows_.upload(indexer_rows);
-  topk_fill_counts_.upload(fill_counts);
+  indexer_rows_.upload(indexer.rows);
+  topk_fill_counts_.upload(indexer.fill_counts);
   sparse_contiguous_ = n_sparse > 0 && std::is_sorted(sparse_rows.begin(), sparse_rows.end()) &&
                        sparse_rows.back() - sparse_rows.front() + 1 == static_cast<std::int32_t>(n_sparse);
   sparse_first_row_ = n_sparse > 0 ? sparse_rows.front() : 0;
