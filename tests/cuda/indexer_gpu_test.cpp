@@ -25,8 +25,10 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/indexer/indexer.hpp"
+#include "cuda/indexer/indexer_schedule.hpp"
 #include "cuda/indexer/indexer_variants.hpp"
 #include "dsmla/format.hpp"
+#include "dsmla/testing/case.hpp"
 #include "support/test_support.hpp"
 
 namespace dsmla {
@@ -602,6 +604,42 @@ TEST(IndexerTopk, RejectsShapesOutsideTheEnvelope) {
             std::string::npos);
   EXPECT_EQ(cuda::indexer_workspace_bytes(4, 2047, 64, 2048), 0u);  // every row takes the shortcut
   EXPECT_EQ(cuda::indexer_workspace_bytes(3, 2048, 64, 2048), 3u * 2112 * 4);
+}
+
+// Host code (no GPU needed): what the backend uploads for run_indexer.
+TEST(IndexerSchedule, RowsAndFillCountsFollowThePlan) {
+  SyntheticSpec spec;
+  spec.seq_lens = {40, 200, 120, 30, 300};  // decodes below and over topk, a sparse prefill across it, a dense one
+  spec.query_lens = {1, 1, 80, 30, 3};
+  spec.num_heads = 16;
+  spec.topk = 64;
+  spec.block_size = 16;
+  spec.padding_tokens = 2;
+  spec.with_indexer = true;
+  spec.index_num_heads = 64;
+  const Case c = make_synthetic_case(spec);
+  const Plan plan = make_plan(c.batch(), c.plan_options());
+  const cuda::IndexerHostSchedule s = cuda::make_indexer_schedule(plan);
+  ASSERT_EQ(s.rows.size(), plan.indexer_rows.size());
+  ASSERT_FALSE(s.rows.empty());
+  for (std::size_t i = 0; i < s.rows.size(); ++i) {
+    EXPECT_EQ(s.rows[i].token, plan.indexer_rows[i].token);
+    EXPECT_EQ(s.rows[i].request, plan.indexer_rows[i].request);
+    EXPECT_EQ(s.rows[i].pos, plan.indexer_rows[i].pos);
+  }
+  ASSERT_EQ(s.fill_counts.size(), static_cast<std::size_t>(plan.num_tokens));
+  std::vector<std::int32_t> expected(static_cast<std::size_t>(plan.num_tokens), 0);
+  for (const std::int32_t t : plan.full_set_tokens) expected[t] = plan.token_position[t] + 1;
+  for (const dsmla::IndexerRow& r : plan.indexer_rows) expected[r.token] = -1;
+  EXPECT_EQ(s.fill_counts, expected);
+  EXPECT_GT(std::count_if(expected.begin(), expected.end(), [](std::int32_t v) { return v > 0; }), 0);
+  EXPECT_GT(std::count(expected.begin(), expected.end(), 0), 0);  // the dense request and the padding
+
+  PlanOptions without = c.plan_options();
+  without.indexer = false;
+  const Plan plain = make_plan(c.batch(), without);
+  EXPECT_NE(test::error_of([&] { (void)cuda::make_indexer_schedule(plain); }).find("without PlanOptions::indexer"),
+            std::string::npos);
 }
 
 }  // namespace
