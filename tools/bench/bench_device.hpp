@@ -195,7 +195,6 @@ void launch_dense_kernel(const DenseKernelArgs& args, void* stream);
 struct IndexerSchedule {
   DeviceBuffer<IndexerRow> rows;            // = plan.indexer_rows
   DeviceBuffer<std::int32_t> fill_counts;   // [T]: pos + 1 (sparse, pos < topk), -1 (indexer row), 0 (other)
-  int num_rows = 0;
   int max_pos = 0;
 };
 IndexerSchedule upload_indexer_schedule(const Plan& plan);

@@ -13,7 +13,6 @@
 #include "cuda/backend/backend_kernels.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "cuda/indexer/indexer.hpp"
-#include "cuda/indexer/indexer_kernels.cuh"
 #include "cuda/indexer/indexer_schedule.hpp"
 #include "cuda/indexer/indexer_variants.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
@@ -89,13 +88,12 @@ IndexerSchedule upload_indexer_schedule(const Plan& plan) {
   IndexerSchedule s;
   s.rows.upload(host.rows);
   s.fill_counts.upload(host.fill_counts);
-  s.num_rows = static_cast<int>(host.rows.size());
   s.max_pos = plan.max_indexer_pos;
   return s;
 }
 
 std::size_t indexer_scratch_bytes(const IndexerSchedule& schedule, int num_heads, int topk) {
-  return indexer_workspace_bytes(schedule.num_rows, schedule.max_pos, num_heads, topk);
+  return indexer_workspace_bytes(static_cast<int>(schedule.rows.size()), schedule.max_pos, num_heads, topk);
 }
 
 namespace {
@@ -111,7 +109,7 @@ IndexerTopkParams topk_params(const IndexerArgs& a) {
   p.block_table = a.block_table;
   p.max_blocks_per_request = a.max_blocks_per_request;
   p.rows = a.schedule->rows.data();
-  p.num_rows = a.schedule->num_rows;
+  p.num_rows = static_cast<int>(a.schedule->rows.size());
   p.max_pos = a.schedule->max_pos;
   p.num_heads = a.num_heads;
   p.head_dim = a.head_dim;
@@ -124,24 +122,20 @@ IndexerTopkParams topk_params(const IndexerArgs& a) {
 }  // namespace
 
 void launch_indexer(const IndexerArgs& a, void* stream) {
-  const auto s = static_cast<cudaStream_t>(stream);
-  const IndexerTopkParams p = topk_params(a);
-  IndexCacheWriteParams w{};
-  w.index_k = a.index_k;
-  w.slot_mapping = a.slot_mapping;
-  w.index_cache = a.index_cache;
-  w.num_tokens = a.num_tokens;
-  w.head_dim = a.head_dim;
-  w.block_size = a.block_size;
-  w.num_blocks = a.num_blocks;
-  launch_index_cache_write(w, s);
-  TopkFillParams f{};
-  f.fill_counts = a.schedule->fill_counts.data();
-  f.num_tokens = a.num_tokens;
-  f.topk = a.topk;
-  f.topk_out = a.topk_out;
-  launch_fill_topk_rows(f, s);
-  launch_indexer_topk(p, s);
+  IndexerLaunches l{};
+  l.topk = topk_params(a);
+  l.cache_write.index_k = a.index_k;
+  l.cache_write.slot_mapping = a.slot_mapping;
+  l.cache_write.index_cache = a.index_cache;
+  l.cache_write.num_tokens = a.num_tokens;
+  l.cache_write.head_dim = a.head_dim;
+  l.cache_write.block_size = a.block_size;
+  l.cache_write.num_blocks = a.num_blocks;
+  l.fill.fill_counts = a.schedule->fill_counts.data();
+  l.fill.num_tokens = a.num_tokens;
+  l.fill.topk = a.topk;
+  l.fill.topk_out = a.topk_out;
+  launch_indexer_work(l, static_cast<cudaStream_t>(stream));  // what CudaBackend::run_indexer launches
 }
 
 void launch_indexer_logits(const IndexerArgs& a, void* stream) {

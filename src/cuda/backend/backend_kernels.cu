@@ -226,4 +226,13 @@ void launch_fill_topk_rows(const TopkFillParams& p, cudaStream_t stream) {
   check_launch("fill_topk_rows_kernel");
 }
 
+void launch_indexer_work(const IndexerLaunches& p, cudaStream_t stream) {
+  launch_index_cache_write(p.cache_write, stream);
+  check_launch("launch_index_cache_write");
+  launch_fill_topk_rows(p.fill, stream);
+  if (p.topk.num_rows == 0) return;
+  launch_indexer_topk(p.topk, stream);
+  check_launch("launch_indexer_topk");
+}
+
 }  // namespace dsmla::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/cache/cache_kernels.hpp"
+#include "cuda/indexer/indexer.hpp"
 
 namespace dsmla::cuda {
 
@@ -108,5 +109,16 @@ struct TopkFillParams {
   std::int32_t* topk_out = nullptr;           // [num_tokens, topk]
 };
 void launch_fill_topk_rows(const TopkFillParams& p, cudaStream_t stream);
+
+// The indexer's work of one run(), in order: the index-cache write of every new
+// token, the top-k rows that need no logits, then logits + top-k of the indexer
+// rows (nothing when topk.num_rows is 0). CudaBackend::run_indexer and dsmla
+// bench's indexer rows launch it.
+struct IndexerLaunches {
+  IndexCacheWriteParams cache_write;
+  TopkFillParams fill;
+  IndexerTopkParams topk;
+};
+void launch_indexer_work(const IndexerLaunches& p, cudaStream_t stream);
 
 }  // namespace dsmla::cuda

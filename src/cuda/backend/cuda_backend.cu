@@ -554,37 +554,35 @@ const std::int32_t* CudaBackend::sparse_topk(const Plan& plan, const ForwardInpu
 
 void CudaBackend::run_indexer(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {
   const std::int64_t num_blocks = plan.num_cache_slots / plan.block_size;
-  launch_index_cache_write({.index_k = in.index_k,
-                            .slot_mapping = in.slot_mapping,
-                            .index_cache = in.index_cache,
-                            .num_tokens = plan.num_tokens,
-                            .head_dim = plan.options.index_head_dim,
-                            .block_size = plan.block_size,
-                            .num_blocks = num_blocks},
-                           stream);
-  check_launch("launch_index_cache_write");
   auto* topk_out = const_cast<std::int32_t*>(sparse_topk(plan, in, workspace));
-  launch_fill_topk_rows(
-      {.fill_counts = topk_fill_counts_.data(), .num_tokens = plan.num_tokens, .topk = plan.options.topk, .topk_out = topk_out},
-      stream);
-  if (plan.indexer_rows.empty()) return;
-  launch_indexer_topk({.index_q = in.index_q,
-                       .weights = in.index_weights,
+  launch_indexer_work(
+      {.cache_write = {.index_k = in.index_k,
+                       .slot_mapping = in.slot_mapping,
                        .index_cache = in.index_cache,
-                       .num_blocks = num_blocks,
-                       .block_size = plan.block_size,
-                       .block_table = in.block_table,
-                       .max_blocks_per_request = plan.max_blocks_per_request,
-                       .rows = indexer_rows_.data(),
-                       .num_rows = static_cast<int>(indexer_rows_.size()),
-                       .max_pos = plan.max_indexer_pos,
-                       .num_heads = plan.options.index_num_heads,
+                       .num_tokens = plan.num_tokens,
                        .head_dim = plan.options.index_head_dim,
-                       .topk = plan.options.topk,
-                       .topk_out = topk_out,
-                       .workspace = regions_.indexer.bytes > 0 ? region<void>(workspace, regions_.indexer) : nullptr},
-                      stream);
-  check_launch("launch_indexer_topk");
+                       .block_size = plan.block_size,
+                       .num_blocks = num_blocks},
+       .fill = {.fill_counts = topk_fill_counts_.data(),
+                .num_tokens = plan.num_tokens,
+                .topk = plan.options.topk,
+                .topk_out = topk_out},
+       .topk = {.index_q = in.index_q,
+                .weights = in.index_weights,
+                .index_cache = in.index_cache,
+                .num_blocks = num_blocks,
+                .block_size = plan.block_size,
+                .block_table = in.block_table,
+                .max_blocks_per_request = plan.max_blocks_per_request,
+                .rows = indexer_rows_.data(),
+                .num_rows = static_cast<int>(indexer_rows_.size()),
+                .max_pos = plan.max_indexer_pos,
+                .num_heads = plan.options.index_num_heads,
+                .head_dim = plan.options.index_head_dim,
+                .topk = plan.options.topk,
+                .topk_out = topk_out,
+                .workspace = regions_.indexer.bytes > 0 ? region<void>(workspace, regions_.indexer) : nullptr}},
+      stream);
 }
 
 void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* workspace, cudaStream_t stream) {

@@ -293,23 +293,22 @@ struct Consumer {
       // after 1 hi had landed, two load latencies in a row per round. So it
       // finishes P_0 V_0 and releases 0 hi before any wait.
       const int other_half = kWg == 0 ? kLo : kHi;  // of the other buffer, read by P_other V_other
-      if (kWg == 1 && more) {
+      if (!more) {
+        mma::wait<0>();
+        release(kOther, other_half);
+      } else if constexpr (kWg == 1) {
         mma::wait<0>();
         release(kOther, other_half);
         compute_s(round + 1, second_block(r + 1));
-      } else if (more) {
-        const bool next_live = kWg == 0 || second_block(r + 1);
-        issue_s_half(round + 1, kFirst, next_live);
+      } else {  // warpgroup 0: buffer 0 holds a block in every round
+        issue_s_half(round + 1, kFirst, true);
         mma::commit();
         mma::wait<1>();
         release(kOther, other_half);
-        issue_s_half(round + 1, kSecond, next_live);
+        issue_s_half(round + 1, kSecond, true);
         mma::commit();
         mma::wait<0>();
         mma::fence_operands(s);
-      } else {
-        mma::wait<0>();
-        release(kOther, other_half);
       }
       mma::fence_operands(o);
     }
