@@ -5,11 +5,13 @@
 
 HARNESS_LOG is the output of bench/sparse_mla_kernel_bench.cu (its markdown rows
 "| prefill bf16 H128 S1024 T16384 | us | TFLOP/s | ... | check |" and
-"| decode fp8_ds_mla H128 B64 | ..."), ANCHORS_JSON the --json output of
+"| decode fp8_ds_mla H128 B64 | ...") and of dense_mha_kernel_bench.cu ("causal S H ms
+TFLOP/s ..." lines), ANCHORS_JSON the --json output of
 ../shared/anchors/anchors_bench.py from the same call. Prefill rows are matched to
 FlashMLA's sparse prefill (bf16 latent, topk_length) at the same S and H; decode
 rows to FlashMLA's fp8 sparse decode at the same batch and H. Rows without an
 anchor (other head counts, other caches) get no ratio: FlashMLA does not run them.
+Dense rows are matched to the faster of FlashAttention-3 and cuDNN at the same S and H.
 """
 import json, re, sys
 
@@ -46,6 +48,21 @@ def main():
         ratio = f"{float(us) / anchor:.2f}x" if anchor else "-"
         out.append(f"| {name} | {float(us):.1f} | {float(tflops):.0f} | {anchor:.1f} | {ratio} | {check} |"
                    if anchor else f"| {name} | {float(us):.1f} | {float(tflops):.0f} | - | - | {check} |")
+    dense_anchor = {}
+    for r in anchors["rows"]:
+        if r["what"] in ("fa3_dense", "cudnn_dense") and "time" in r:
+            key = (r["S"], r["H"])
+            dense_anchor[key] = min(dense_anchor.get(key, float("inf")), r["time"])
+    dense_re = re.compile(r"^causal\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)")
+    dense_rows = [m.groups() for m in map(dense_re.match, harness.splitlines()) if m]
+    if dense_rows:
+        out.append("\n| dense case | dsmla ms | TFLOP/s | faster of FA3 / cuDNN ms (same call) | dsmla / anchor |")
+        out.append("|---|---|---|---|---|")
+        for s, h, ms, tflops in dense_rows:
+            anchor = dense_anchor.get((int(s), int(h)))
+            ratio = f"{float(ms) / anchor:.2f}x" if anchor else "-"
+            out.append(f"| S{s} H{h} | {float(ms):.3f} | {float(tflops):.0f} | "
+                       f"{f'{anchor:.3f}' if anchor else '-'} | {ratio} |")
     print("\n".join(out))
 
 

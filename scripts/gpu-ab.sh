@@ -1,21 +1,47 @@
 #!/usr/bin/env bash
-# A/B of a kernel variant inside one device call, after
-# scripts/gpu-iterate.sh: builds the sparse and dense harnesses a second time
-# with extra CUDA flags (a compile-time switch of a kernel) in build-gpu-b, runs
-# them and writes harness_b.log (the dense harness's table at its end, as in
-# gpu-iterate's harness.log) and ratios_b.md (against the anchors.json of the
-# same call) into $OUT.  Usage: scripts/gpu-ab.sh "-DSWITCH=1" [HARNESS_ARGS...]
+# A/B of kernel variants inside one device call, after scripts/gpu-iterate.sh
+# (whose build-gpu and harness.log are variant A): each VARIANT is a set of
+# extra CUDA flags (compile-time switches of a kernel); the chosen kernel
+# harnesses are built once per variant in build-gpu-ab<i> and run. Everything
+# goes into two files of $OUT (the device returns at most 8): harness_ab.log
+# (every variant's harness output under a "=== variant" header) and
+# ratios_ab.md (the sparse rows of each variant against the anchors.json of
+# the same call, bench/kernel_ratios.py).
+# Usage: scripts/gpu-ab.sh [--only sparse,dense,indexer] VARIANT [VARIANT...]
+#   e.g. scripts/gpu-ab.sh --only dense "-DDSMLA_DENSE_PINGPONG=0" "-DX=1 -DY=1"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
-out=${OUT:-$root/out}; flags=$1; shift
-echo "== variant B: $flags"
-cmake -S . -B build-gpu-b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS="$flags" \
-  -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >"$out/build_b.log" 2>&1 &&
-  ninja -C build-gpu-b -j 16 sparse_mla_kernel_bench dense_mha_kernel_bench >>"$out/build_b.log" 2>&1 ||
-  { tail -20 "$out/build_b.log"; exit 1; }
-grep -E "spill" "$out/build_b.log" | sort | uniq -c
-timeout 150 build-gpu-b/sparse_mla_kernel_bench "$@" >"$out/harness_b.log" 2>&1 || echo "HARNESS B FAILED"
-{ echo; echo "== dense MHA kernel harness"; } >>"$out/harness_b.log"
-timeout 100 build-gpu-b/dense_mha_kernel_bench >>"$out/harness_b.log" 2>&1 || echo "DENSE HARNESS B FAILED"
-sed -n '/== dense MHA kernel harness/,$p' "$out/harness_b.log" | grep -iE "ms|fail|mismatch" | head -20
-python3 bench/kernel_ratios.py "$out/harness_b.log" "$out/anchors.json" --title "variant B: $flags" >"$out/ratios_b.md" && cat "$out/ratios_b.md"
+out=${OUT:-$root/out}; mkdir -p "$out"
+only=sparse,dense
+[ "${1:-}" = --only ] && { only=$2; shift 2; }
+has() { case ",$only," in *,$1,*) return 0 ;; esac; return 1; }
+targets=(); has sparse && targets+=(sparse_mla_kernel_bench); has dense && targets+=(dense_mha_kernel_bench)
+has indexer && targets+=(indexer_kernel_bench)
+status=0; i=0
+for flags in "$@"; do
+  i=$((i + 1)); b=build-gpu-ab$i; log=$(mktemp)
+  echo "== variant $i: $flags"
+  { echo; echo "=== variant $i: $flags"; } >>"$out/harness_ab.log"
+  if ! { cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS="$flags" \
+           -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >"$log" 2>&1 &&
+         ninja -C $b -j 16 "${targets[@]}" >>"$log" 2>&1; }; then
+    tail -20 "$log" | tee -a "$out/harness_ab.log"; status=1; continue
+  fi
+  grep -E "C75|spill" "$log" | sort | uniq -c | tee -a "$out/harness_ab.log"
+  if has sparse; then
+    timeout 150 $b/sparse_mla_kernel_bench >"$log" 2>&1 || { status=1; echo "SPARSE HARNESS FAILED"; }
+    cat "$log" >>"$out/harness_ab.log"
+    python3 bench/kernel_ratios.py "$log" "$out/anchors.json" --title "variant $i: $flags" >>"$out/ratios_ab.md"
+  fi
+  if has dense; then
+    echo "== dense MHA kernel harness" >>"$out/harness_ab.log"
+    timeout 100 $b/dense_mha_kernel_bench >"$log" 2>&1 || { status=1; echo "DENSE HARNESS FAILED"; }
+    cat "$log" >>"$out/harness_ab.log"; grep -iE " ms|fail|mismatch" "$log" | head -20
+  fi
+  if has indexer; then
+    echo "== indexer kernel harness" >>"$out/harness_ab.log"
+    timeout 150 $b/indexer_kernel_bench --kernel wgmma_ws >"$log" 2>&1 || { status=1; echo "INDEXER HARNESS FAILED"; }
+    cat "$log" >>"$out/harness_ab.log"; grep -E "^\||fail|mismatch" "$log" | head -20
+  fi
+done
+exit $status

@@ -5,7 +5,7 @@
 //   build/dense_mha_kernel_bench [results.txt]
 //
 // Shapes: T = 16384 query tokens in causal sequences of S (ctx 0), S in
-// {512, 1024, 2048}, H in {128, 16}, plus a cached-prefix case (8 x 1024 new
+// {256, 512, 1024, 2048, 4096} (the anchors' dense shapes), H in {128, 16}, plus a cached-prefix case (8 x 1024 new
 // tokens over 3072 cached, H 128). Inputs are several times the L2 and come
 // from a hash, so the CPU reference recomputes any element without copying the
 // tensors back; the values are k/64 or k/128 with |k| <= 128, exact in bf16.
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   const int tokens = 16384;
   std::vector<Case> cases;
   for (int heads : {128, 16})
-    for (int seq : {512, 1024, 2048}) cases.push_back(uniform_case(seq, heads, tokens));
+    for (int seq : {256, 512, 1024, 2048, 4096}) cases.push_back(uniform_case(seq, heads, tokens));
   cases.push_back(prefix_case());
 
   std::FILE* results = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
