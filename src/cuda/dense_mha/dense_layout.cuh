@@ -120,18 +120,6 @@ __host__ __device__ constexpr std::uint32_t swizzled(int row, int chunk) {
 // consumer w's turn to issue its products.
 inline constexpr int kTurn = 0;
 
-// Variants under measurement (NOTES.md, v5): the softmax of S_j overlapping
-// the same warpgroup's P_{j-1} V_{j-1} (FlashAttention-3's intra-warpgroup
-// overlap), and the ping-pong turns on or off.
-#ifndef DSMLA_DENSE_INTRA_WG_OVERLAP
-#define DSMLA_DENSE_INTRA_WG_OVERLAP 0
-#endif
-#ifndef DSMLA_DENSE_PINGPONG
-#define DSMLA_DENSE_PINGPONG 1
-#endif
-inline constexpr bool kIntraWgOverlap = DSMLA_DENSE_INTRA_WG_OVERLAP != 0;
-inline constexpr bool kPingPong = DSMLA_DENSE_PINGPONG != 0;
-
 // ---------------------------------------------------------------- threads
 // This thread's place in its warpgroup's accumulators (wgmma order): rows
 // row() and row() + 8 of the warpgroup's 64, columns 2 col_pair + {0, 1} of

@@ -81,7 +81,7 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
   // Consumer 0 goes first: consumer 1 opens its turn. Each turn ends by
   // opening the other's; the last turn of consumer 1 opens none, so that
   // every arrival on a turn barrier meets a sync.
-  if (kPingPong && me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
   pl::wait(bars.q_full(), 0);
   pl::fence_smem_for_mma();  // the producer's cp.async writes (generic proxy), read by wgmma (async proxy)
   for (int it = 0; it < w.key_tiles; ++it) {
@@ -89,36 +89,23 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
     pl::wait(bars.full(stage_of(it)), phase_of(it));
     pl::fence_smem_for_mma();
-    if (kPingPong) pl::named_sync(kConsumerThreads, kTurn + me);
+    pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
     issue_s(s_base, me, stage_of(it), s);
-    if (kIntraWgOverlap) mma::commit();
     // At step 0, P is still 0: its "previous" tile is stage 0 (loaded, finite).
     issue_pv(s_base, stage_of(it > 0 ? it - 1 : 0), p_frag, o);
     mma::commit();
-    if (kPingPong && (me == 0 || it + 1 < w.key_tiles)) pl::named_arrive(kConsumerThreads, kTurn + other);
-    float alpha[2];
-    if (kIntraWgOverlap) {
-      // S is done while P V still runs: the mask and the exponentials of S
-      // overlap it; O (being accumulated) and P (being read) wait.
-      mma::wait<1>();
-      mma::fence_operands(s);
-      if (live) {
-        mask_causal(s, tile, w.wg_first_limit, first_key, c);
-        softmax.update(s, alpha);
-      }
-    }
+    if (me == 0 || it + 1 < w.key_tiles) pl::named_arrive(kConsumerThreads, kTurn + other);
     mma::wait<0>();
     mma::fence_operands(s);
     fence_o();
     mma::fence_operands(p_frag);
     if (it > 0) pl::arrive(bars.empty(stage_of(it - 1)));  // P V of the previous tile done: its stage is free
     if (live) {
-      if (!kIntraWgOverlap) {
-        mask_causal(s, tile, w.wg_first_limit, first_key, c);
-        softmax.update(s, alpha);
-      }
+      mask_causal(s, tile, w.wg_first_limit, first_key, c);
+      float alpha[2];
+      softmax.update(s, alpha);
       rescale_o(o, alpha);
       mma::a_fragments_from_accumulator(s, p_frag);
     } else {
