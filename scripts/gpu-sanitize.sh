@@ -48,8 +48,10 @@ run racecheck test_gpu_cuda "$sparse_ws"
 run synccheck test_gpu_cuda "$sparse_ws"
 
 # The indexer kernels: cache write, both logits kernels and the radix top-k
-# (shared-memory histograms) on the small cases (holes, exact ties).
+# (shared-memory histograms, staged keys) on the small cases (holes, exact ties), and
+# with wgmma_ws a case whose rows both stage their keys and exceed the staging capacity.
 indexer='*IndexCacheWrite*:*IndexerTopkTest*h32_b16_holes*:*IndexerTopkTest*h64_b16_ties*'
+indexer+=':*IndexerTopkTest*h64_b64_wide_ties_wgmma_ws*'
 run memcheck test_gpu_cuda "$indexer"
 run racecheck test_gpu_cuda "$indexer"
 run synccheck test_gpu_cuda "$indexer"

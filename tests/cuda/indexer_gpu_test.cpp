@@ -520,6 +520,17 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 19;
     v.push_back(c);
   }
+  {  // Two distinct keys over 20000 positions: the k-th largest key's group (~10000) exceeds the
+     // top-k kernel's staging capacity (8192, topk_select.cuh), so its selection runs in global memory;
+     // the 6000-position rows stage their keys.
+    TopkCase c{.name = "h64_b64_wide_ties", .heads = 64, .block_size = 64, .topk = 2048, .num_blocks = 330, .max_blocks = 320};
+    c.contexts = {20000};
+    c.rows_per_request = 0;
+    c.extra_rows = {{5999, 6000, 19998}};
+    c.key_pool = 2;
+    c.seed = 20;
+    v.push_back(c);
+  }
   {  // A block size that is no multiple of 4 (the wgmma kernel falls back to the CUDA-core one).
     TopkCase c{.name = "h32_b10_odd", .heads = 32, .block_size = 10, .topk = 50, .num_blocks = 120, .max_blocks = 80};
     c.contexts = {777, 300};

@@ -7,23 +7,14 @@
 // launch (grid rows x key tiles) writes order-preserving uint32 keys of the
 // logits into the workspace, then one top-k launch (one CTA per row) selects.
 //
-// Logits (cuda_core kernel, the default): one 256-thread CTA per (row, tile of
+// Logits (cuda_core kernel, the reference; wgmma_ws is the default): one 256-thread CTA per (row, tile of
 // 64 positions). The row's query (H x 128 e4m3 codes) is dequantised into shared
 // memory as fp32 (exact); four threads own a key, each 32 of its 128 dims in
 // registers as fp32 (exact); per head, 32 FMAs, two xor-shuffles give the full
 // dot, then acc += w[h] * relu(dot); logit = acc * scale[key]. fp32 accumulation
 // in a fixed order, identical for every key, so duplicate keys tie exactly.
 //
-// Top-k: one 1024-thread CTA per row. Three radix passes (11, 11, 10 bits) over
-// the keys (2048-bin shared-memory histogram of the keys that match the digits
-// found so far; the bin holding the k-th largest by a block-wide scan)
-// find the exact key T of the k-th largest candidate and how many keys equal to
-// T must be taken (need_eq). One compaction pass in position order (block-wide
-// exclusive scan of packed (key > T, key == T) flags over blocked 4-key items)
-// writes every position with key > T and the need_eq lowest positions with
-// key == T, in increasing position order (deterministic), then -1 padding.
-#include <cub/block/block_scan.cuh>
-
+// Top-k: one 1024-thread CTA per row, topk_select.cuh.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -31,9 +22,11 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fp8.cuh"
+#include "cuda/common/launch.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/indexer/indexer_kernels.cuh"
 #include "cuda/indexer/indexer_variants.hpp"
+#include "cuda/indexer/topk_select.cuh"
 #include "dsmla/types.hpp"
 
 namespace dsmla::cuda {
@@ -122,132 +115,6 @@ __global__ void __launch_bounds__(kLogitThreads)
   }
   if (quarter == 0 && position <= row.pos)
     keys[std::int64_t{local_row} * stride + position] = candidate ? logit_key(acc * scale) : kNotCandidate;
-}
-
-// ------------------------------------------------------------------ top-k
-constexpr int kTopkThreads = 1024;
-constexpr int kItems = 4;                         // keys per thread per step (one 16-byte load)
-constexpr int kChunk = kTopkThreads * kItems;     // 4096 positions per step
-constexpr int kBatch = 4;                         // histogram: steps whose loads are in flight together
-static_assert(kChunk < (1 << 16), "per-chunk flag counts are packed in 16-bit halves");
-// Radix digits, most significant first: bits 21..31, 10..20, 0..9.
-constexpr int kBins = 2048;
-constexpr int kPasses = 3;
-static_assert(kBins == 2 * kTopkThreads, "the bin scan gives each thread two bins");
-
-__global__ void __launch_bounds__(kTopkThreads)
-    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
-  using BlockScan = cub::BlockScan<std::uint32_t, kTopkThreads>;
-  __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ std::uint32_t hist[kBins];
-  __shared__ std::uint32_t s_digit, s_remaining;
-
-  const IndexerRow row = p.rows[row_begin + blockIdx.x];
-  if (!row_is_valid(row, p)) return;  // block-uniform
-  const int tid = threadIdx.x;
-  const int topk = p.topk;
-  const int n = row.pos + 1;  // candidate positions 0..pos
-  const bool shortcut = n <= topk;
-  std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
-  const std::uint32_t* row_keys = shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride;
-
-  // Keys of positions base .. base + 3 (kNotCandidate past the row's end; nothing
-  // is read when base >= n). In a shortcut row (no logits computed) the key is 1
-  // for a candidate, kNotCandidate for a block-table hole.
-  auto load_keys = [&](int base, std::uint32_t (&k)[kItems]) {
-    if (shortcut) {
-#pragma unroll
-      for (int j = 0; j < kItems; ++j)
-        k[j] = (base + j < n && block_of(p, row.request, base + j) >= 0) ? 1u : kNotCandidate;
-      return;
-    }
-    uint4 v = make_uint4(0, 0, 0, 0);
-    // base % 4 == 0 and base < n <= stride (a multiple of 4): the 16 bytes are in the row.
-    if (base < n) v = *reinterpret_cast<const uint4*>(row_keys + base);
-    k[0] = v.x;
-    k[1] = base + 1 < n ? v.y : kNotCandidate;
-    k[2] = base + 2 < n ? v.z : kNotCandidate;
-    k[3] = base + 3 < n ? v.w : kNotCandidate;
-  };
-
-  std::uint32_t threshold = 0, need_eq = 0;
-  if (!shortcut) {
-    // Invariant: `remaining` (>= 1) of the keys whose bits under `mask` equal
-    // `prefix` still have to be taken, and at least that many keys match.
-    std::uint32_t prefix = 0, mask = 0, remaining = static_cast<std::uint32_t>(topk);
-#pragma unroll 1
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-      const std::uint32_t digit_mask = pass == 2 ? 0x3ffu : 0x7ffu;
-      for (int i = tid; i < kBins; i += kTopkThreads) hist[i] = 0;
-      __syncthreads();
-      for (int base0 = kItems * tid; base0 < n; base0 += kBatch * kChunk) {
-        std::uint32_t k[kBatch][kItems];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) load_keys(base0 + b * kChunk, k[b]);
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-          for (int j = 0; j < kItems; ++j)
-            if (base0 + b * kChunk + j < n && (k[b][j] & mask) == prefix)
-              atomicAdd(&hist[(k[b][j] >> shift) & digit_mask], 1u);
-      }
-      __syncthreads();
-      // Bins in descending order, two per thread: item i is bin kBins - 1 - i.
-      std::uint32_t c[2], above[2], total = 0;
-      c[0] = hist[kBins - 1 - 2 * tid];
-      c[1] = hist[kBins - 2 - 2 * tid];
-      BlockScan(scan_storage).ExclusiveSum(c, above, total);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        if (above[i] < remaining && remaining <= above[i] + c[i]) {  // exactly one item
-          s_digit = static_cast<std::uint32_t>(kBins - 1 - 2 * tid - i);
-          s_remaining = remaining - above[i];
-        }
-      __syncthreads();
-      prefix |= s_digit << shift;
-      mask |= digit_mask << shift;
-      remaining = s_remaining;
-      __syncthreads();  // everyone has read s_digit / s_remaining; hist and scan_storage are reused
-    }
-    threshold = prefix;
-    // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
-    need_eq = threshold == kNotCandidate ? 0u : remaining;
-  }
-
-  // Compaction in position order: out slot = (# keys > T before p) + min(# keys == T before p, need_eq).
-  // The next step's keys are loaded before this step's scan (their latency hides behind it).
-  std::uint32_t gt_before = 0, eq_before = 0;  // block-uniform running totals
-  std::uint32_t k[kItems];
-  load_keys(kItems * tid, k);
-  for (int chunk = 0; chunk < n; chunk += kChunk) {
-    const int base = chunk + kItems * tid;
-    std::uint32_t next[kItems], flags[kItems], excl[kItems], aggregate = 0;
-    load_keys(base + kChunk, next);
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const std::uint32_t gt = k[j] > threshold ? 1u : 0u;
-      const std::uint32_t eq = (need_eq > 0 && k[j] == threshold) ? 1u : 0u;
-      flags[j] = gt | (eq << 16);
-    }
-    BlockScan(scan_storage).ExclusiveSum(flags, excl, aggregate);
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const std::uint32_t gt_rank = gt_before + (excl[j] & 0xffffu);
-      const std::uint32_t eq_rank = eq_before + (excl[j] >> 16);
-      std::uint32_t slot = static_cast<std::uint32_t>(topk);  // none
-      if (flags[j] & 0xffffu) slot = gt_rank + min(eq_rank, need_eq);
-      else if ((flags[j] >> 16) && eq_rank < need_eq) slot = gt_rank + eq_rank;
-      if (slot < static_cast<std::uint32_t>(topk)) out[slot] = base + j;
-    }
-    gt_before += aggregate & 0xffffu;
-    eq_before += aggregate >> 16;
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) k[j] = next[j];
-    __syncthreads();  // scan_storage is reused
-  }
-  const std::uint32_t selected = gt_before + min(eq_before, need_eq);
-  for (std::uint32_t i = selected + tid; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
 }
 
 // ------------------------------------------------------------------ host side
@@ -353,7 +220,8 @@ void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool 
       }
     }
     if (with_topk) {
-      topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, r0, stride, keys);
+      opt_in_shared_memory(reinterpret_cast<const void*>(&topk_kernel), kTopkSmemBytes, "indexer topk_kernel");
+      topk_kernel<<<rows, kTopkThreads, kTopkSmemBytes, stream>>>(p, r0, stride, keys);
       check_launch("indexer topk_kernel");
     }
   }

@@ -1,0 +1,227 @@
+// The indexer's top-k kernel (one 1024-thread CTA per row; included by
+// indexer_topk.cu, which launches it). See NOTES.md, "Top-k".
+//
+// Three radix passes (11, 11, 10 bits, most significant first) over the row's
+// order-preserving keys find the exact key T of the k-th largest and need_eq,
+// how many keys equal to T to take; a compaction in position order (block-wide
+// exclusive scan of packed (key > T, key == T) flags) writes every position
+// with key > T and the need_eq lowest positions with key == T, in increasing
+// position order, then -1 padding.
+//
+// Staging: after the first pass, the keys whose top digit is at least T's
+// (those > T and those == T are all among them) usually number a few
+// thousand. When they fit in kStageCapacity, one more pass over the row copies
+// them, with their positions and in position order, into shared memory, and
+// the two remaining radix passes and the compaction run there: 2 reads of the
+// row from L2 / HBM instead of 4, same result. Otherwise everything runs over
+// the row in global memory.
+#pragma once
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "cuda/indexer/indexer_kernels.cuh"
+
+namespace dsmla::cuda::indexer {
+
+inline constexpr int kTopkThreads = 1024;
+inline constexpr int kItems = 4;                      // keys per thread per step (one 16-byte load)
+inline constexpr int kChunk = kTopkThreads * kItems;  // 4096 keys per step
+inline constexpr int kBatch = 4;                      // histogram: steps whose loads are in flight together
+static_assert(kChunk < (1 << 16), "per-chunk flag counts are packed in 16-bit halves");
+inline constexpr int kBins = 2048;  // radix digits: bits 21..31, 10..20, 0..9
+static_assert(kBins == 2 * kTopkThreads, "the bin scan gives each thread two bins");
+inline constexpr int kStageCapacity = 8192;                  // staged (key, position) pairs
+inline constexpr int kTopkSmemBytes = kStageCapacity * 8;    // dynamic shared memory: 64 KiB
+static_assert(kStageCapacity % kItems == 0);
+
+// The row's keys in global memory: item i is position i. A shortcut row (no
+// logits) has key 1 for a candidate position and kNotCandidate for a hole.
+struct RowKeys {
+  const IndexerTopkParams* p;
+  const std::uint32_t* keys;  // null in a shortcut row
+  int request, count;
+
+  __device__ void load(int base, std::uint32_t (&k)[kItems]) const {
+    if (keys == nullptr) {
+#pragma unroll
+      for (int j = 0; j < kItems; ++j)
+        k[j] = (base + j < count && block_of(*p, request, base + j) >= 0) ? 1u : kNotCandidate;
+      return;
+    }
+    uint4 v = make_uint4(0, 0, 0, 0);
+    // base % 4 == 0 and base < count <= stride (a multiple of 4): the 16 bytes are in the row.
+    if (base < count) v = *reinterpret_cast<const uint4*>(keys + base);
+    k[0] = v.x;
+    k[1] = base + 1 < count ? v.y : kNotCandidate;
+    k[2] = base + 2 < count ? v.z : kNotCandidate;
+    k[3] = base + 3 < count ? v.w : kNotCandidate;
+  }
+  __device__ int position(int item) const { return item; }
+};
+
+// The staged keys in shared memory: item i is key[i] at position pos[i].
+struct StagedKeys {
+  const std::uint32_t* key;  // 16-byte aligned
+  const std::int32_t* pos;
+  int count;
+
+  __device__ void load(int base, std::uint32_t (&k)[kItems]) const {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (base < count) v = *reinterpret_cast<const uint4*>(key + base);  // inside the capacity
+    k[0] = v.x;
+    k[1] = base + 1 < count ? v.y : kNotCandidate;
+    k[2] = base + 2 < count ? v.z : kNotCandidate;
+    k[3] = base + 3 < count ? v.w : kNotCandidate;
+  }
+  __device__ int position(int item) const { return pos[item]; }
+};
+
+using TopkScan = cub::BlockScan<std::uint32_t, kTopkThreads>;
+
+struct TopkShared {
+  TopkScan::TempStorage scan;
+  std::uint32_t hist[kBins];
+  std::uint32_t digit, remaining, at_least;  // one radix pass's result
+};
+
+// The radix selection's state: `remaining` (>= 1) of the keys whose bits under
+// `mask` equal `prefix` still have to be taken, and at least that many match.
+struct RadixState {
+  std::uint32_t prefix = 0, mask = 0, remaining;
+};
+
+// One radix pass over `keys`: the digit at `shift` of the k-th largest key.
+// Returns how many keys match the new prefix or exceed it (block-uniform).
+template <class Keys>
+__device__ std::uint32_t radix_pass(const Keys& keys, int shift, std::uint32_t digit_mask, RadixState& st,
+                                    TopkShared& sh) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kBins; i += kTopkThreads) sh.hist[i] = 0;
+  __syncthreads();
+  for (int base0 = kItems * tid; base0 < keys.count; base0 += kBatch * kChunk) {
+    std::uint32_t k[kBatch][kItems];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) keys.load(base0 + b * kChunk, k[b]);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < kItems; ++j)
+        if (base0 + b * kChunk + j < keys.count && (k[b][j] & st.mask) == st.prefix)
+          atomicAdd(&sh.hist[(k[b][j] >> shift) & digit_mask], 1u);
+  }
+  __syncthreads();
+  // Bins in descending order, two per thread: item i is bin kBins - 1 - i.
+  std::uint32_t c[2], above[2], total = 0;
+  c[0] = sh.hist[kBins - 1 - 2 * threadIdx.x];
+  c[1] = sh.hist[kBins - 2 - 2 * threadIdx.x];
+  TopkScan(sh.scan).ExclusiveSum(c, above, total);
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    if (above[i] < st.remaining && st.remaining <= above[i] + c[i]) {  // exactly one item
+      sh.digit = static_cast<std::uint32_t>(kBins - 1 - 2 * tid - i);
+      sh.remaining = st.remaining - above[i];
+      // Keys above the prefix so far: topk - remaining; those in this bin and above it: + above + c.
+      sh.at_least = above[i] + c[i];
+    }
+  __syncthreads();
+  st.prefix |= sh.digit << shift;
+  st.mask |= digit_mask << shift;
+  const std::uint32_t at_least = sh.at_least;
+  st.remaining = sh.remaining;
+  __syncthreads();  // everyone has read the results; hist and scan are reused
+  return at_least;
+}
+
+// Compaction of `keys` in item order: emit(slot, item, key) for every key > gt
+// (slot = # such keys before it + min(# keys == eq before it, need_eq)) and for
+// the need_eq first keys == eq. The next step's keys are loaded before this
+// step's scan (their latency hides behind it). Returns the number emitted.
+template <class Keys, class Emit>
+__device__ std::uint32_t compact(const Keys& keys, std::uint32_t gt, std::uint32_t eq, std::uint32_t need_eq,
+                                 TopkShared& sh, Emit&& emit) {
+  std::uint32_t gt_before = 0, eq_before = 0;  // block-uniform running totals
+  std::uint32_t k[kItems];
+  keys.load(kItems * threadIdx.x, k);
+  for (int chunk = 0; chunk < keys.count; chunk += kChunk) {
+    const int base = chunk + kItems * static_cast<int>(threadIdx.x);
+    std::uint32_t next[kItems], flags[kItems], excl[kItems], aggregate = 0;
+    keys.load(base + kChunk, next);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const std::uint32_t is_gt = k[j] > gt ? 1u : 0u;
+      const std::uint32_t is_eq = (need_eq > 0 && k[j] == eq) ? 1u : 0u;
+      flags[j] = is_gt | (is_eq << 16);
+    }
+    TopkScan(sh.scan).ExclusiveSum(flags, excl, aggregate);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const std::uint32_t gt_rank = gt_before + (excl[j] & 0xffffu);
+      const std::uint32_t eq_rank = eq_before + (excl[j] >> 16);
+      if (flags[j] & 0xffffu) emit(gt_rank + min(eq_rank, need_eq), base + j, k[j]);
+      else if ((flags[j] >> 16) && eq_rank < need_eq) emit(gt_rank + eq_rank, base + j, k[j]);
+    }
+    gt_before += aggregate & 0xffffu;
+    eq_before += aggregate >> 16;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) k[j] = next[j];
+    __syncthreads();  // scan storage is reused
+  }
+  return gt_before + min(eq_before, need_eq);
+}
+
+// The two remaining radix passes and the output compaction over `keys`.
+// Returns the number of positions written.
+template <class Keys>
+__device__ std::uint32_t finish_selection(const Keys& keys, RadixState st, TopkShared& sh, std::int32_t* out,
+                                          int topk) {
+  radix_pass(keys, 10, 0x7ffu, st, sh);
+  radix_pass(keys, 0, 0x3ffu, st, sh);
+  const std::uint32_t threshold = st.prefix;
+  // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
+  const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
+  return compact(keys, threshold, threshold, need_eq, sh, [&](std::uint32_t slot, int item, std::uint32_t) {
+    if (slot < static_cast<std::uint32_t>(topk)) out[slot] = keys.position(item);
+  });
+}
+
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
+  __shared__ TopkShared sh;
+  extern __shared__ __align__(16) std::uint32_t staged[];  // [kStageCapacity] keys, [kStageCapacity] positions
+
+  const IndexerRow row = p.rows[row_begin + blockIdx.x];
+  if (!row_is_valid(row, p)) return;  // block-uniform
+  const int topk = p.topk;
+  const int n = row.pos + 1;  // candidate positions 0..pos
+  const bool shortcut = n <= topk;
+  std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
+  const RowKeys row_keys{&p, shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride, row.request, n};
+
+  std::uint32_t selected = 0;
+  if (shortcut) {  // every candidate: key 1 > 0
+    selected = compact(row_keys, kNotCandidate, kNotCandidate, 0u, sh, [&](std::uint32_t slot, int item, std::uint32_t) {
+      if (slot < static_cast<std::uint32_t>(topk)) out[slot] = item;
+    });
+  } else {
+    RadixState st;
+    st.remaining = static_cast<std::uint32_t>(topk);
+    const std::uint32_t at_least = radix_pass(row_keys, 21, 0x7ffu, st, sh);
+    // The top digit of T is 0 only when T is not a real logit (holes, NaN): stay in global memory.
+    if (st.prefix != 0 && at_least <= kStageCapacity) {
+      std::uint32_t* stage_key = staged;
+      std::int32_t* stage_pos = reinterpret_cast<std::int32_t*>(staged + kStageCapacity);
+      compact(row_keys, st.prefix - 1, 0u, 0u, sh, [&](std::uint32_t slot, int item, std::uint32_t key) {
+        stage_key[slot] = key;  // slot < at_least <= kStageCapacity
+        stage_pos[slot] = item;
+      });
+      __syncthreads();
+      selected = finish_selection(StagedKeys{stage_key, stage_pos, static_cast<int>(at_least)}, st, sh, out, topk);
+    } else {
+      selected = finish_selection(row_keys, st, sh, out, topk);
+    }
+  }
+  for (std::uint32_t i = selected + threadIdx.x; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
+}
+
+}  // namespace dsmla::cuda::indexer
