@@ -7,6 +7,7 @@
 # (every variant's harness output under a "=== variant" header) and
 # ratios_ab.md (the sparse rows of each variant against the anchors.json of
 # the same call, bench/kernel_ratios.py).
+# SPARSE_CASE (e.g. "bf16 H128"): the sparse harness runs only the cases whose name contains it.
 # Usage: scripts/gpu-ab.sh [--only sparse,dense,indexer] VARIANT [VARIANT...]
 #   e.g. scripts/gpu-ab.sh --only dense "-DDSMLA_DENSE_PINGPONG=0" "-DX=1 -DY=1"
 set -uo pipefail
@@ -29,7 +30,7 @@ for flags in "$@"; do
   fi
   grep -E "C75|spill" "$log" | sort | uniq -c | tee -a "$out/harness_ab.log"
   if has sparse; then
-    timeout 150 $b/sparse_mla_kernel_bench >"$log" 2>&1 || { status=1; echo "SPARSE HARNESS FAILED"; }
+    timeout 150 $b/sparse_mla_kernel_bench ${SPARSE_CASE:+--case "$SPARSE_CASE"} >"$log" 2>&1 || { status=1; echo "SPARSE HARNESS FAILED"; }
     cat "$log" >>"$out/harness_ab.log"
     python3 bench/kernel_ratios.py "$log" "$out/anchors.json" --title "variant $i: $flags" >>"$out/ratios_ab.md"
   fi

@@ -8,13 +8,13 @@
 // with key > T and the need_eq lowest positions with key == T, in increasing
 // position order, then -1 padding.
 //
-// Staging: after the first pass, the keys whose top digit is at least T's
-// (those > T and those == T are all among them) usually number a few
-// thousand. When they fit in kStageCapacity, one more pass over the row copies
-// them, with their positions and in position order, into shared memory, and
-// the two remaining radix passes and the compaction run there: 2 reads of the
-// row from L2 / HBM instead of 4, same result. Otherwise everything runs over
-// the row in global memory.
+// Staging: the keys at or above the prefix found so far (those > T and those
+// == T are all among them) are, once they fit in kStageCapacity, copied with
+// their positions and in position order into shared memory by one more pass
+// over the row, and the remaining radix passes and the compaction run there:
+// after the first pass when its digit's bin is small enough (2 reads of the
+// row from L2 / HBM instead of 4), else after the second (3 reads). Otherwise
+// everything runs over the row in global memory. Same result either way.
 #pragma once
 #include <cub/block/block_scan.cuh>
 
@@ -86,13 +86,14 @@ struct TopkShared {
 };
 
 // The radix selection's state: `remaining` (>= 1) of the keys whose bits under
-// `mask` equal `prefix` still have to be taken, and at least that many match.
+// `mask` equal `prefix` still have to be taken, and at least that many match;
+// `above` keys lie above that prefix (all taken).
 struct RadixState {
-  std::uint32_t prefix = 0, mask = 0, remaining;
+  std::uint32_t prefix = 0, mask = 0, remaining, above = 0;
 };
 
 // One radix pass over `keys`: the digit at `shift` of the k-th largest key.
-// Returns how many keys match the new prefix or exceed it (block-uniform).
+// Returns how many keys match the new prefix or lie above it (block-uniform).
 template <class Keys>
 __device__ std::uint32_t radix_pass(const Keys& keys, int shift, std::uint32_t digit_mask, RadixState& st,
                                     TopkShared& sh) {
@@ -121,13 +122,13 @@ __device__ std::uint32_t radix_pass(const Keys& keys, int shift, std::uint32_t d
     if (above[i] < st.remaining && st.remaining <= above[i] + c[i]) {  // exactly one item
       sh.digit = static_cast<std::uint32_t>(kBins - 1 - 2 * tid - i);
       sh.remaining = st.remaining - above[i];
-      // Keys above the prefix so far: topk - remaining; those in this bin and above it: + above + c.
-      sh.at_least = above[i] + c[i];
+      sh.at_least = st.above + above[i] + c[i];
     }
   __syncthreads();
   st.prefix |= sh.digit << shift;
   st.mask |= digit_mask << shift;
   const std::uint32_t at_least = sh.at_least;
+  st.above += st.remaining - sh.remaining;
   st.remaining = sh.remaining;
   __syncthreads();  // everyone has read the results; hist and scan are reused
   return at_least;
@@ -170,12 +171,12 @@ __device__ std::uint32_t compact(const Keys& keys, std::uint32_t gt, std::uint32
   return gt_before + min(eq_before, need_eq);
 }
 
-// The two remaining radix passes and the output compaction over `keys`.
-// Returns the number of positions written.
+// The radix passes from `first_pass` (1 or 2) on and the output compaction
+// over `keys`. Returns the number of positions written.
 template <class Keys>
-__device__ std::uint32_t finish_selection(const Keys& keys, RadixState st, TopkShared& sh, std::int32_t* out,
-                                          int topk) {
-  radix_pass(keys, 10, 0x7ffu, st, sh);
+__device__ std::uint32_t finish_selection(const Keys& keys, RadixState st, int first_pass, TopkShared& sh,
+                                          std::int32_t* out, int topk) {
+  if (first_pass <= 1) radix_pass(keys, 10, 0x7ffu, st, sh);
   radix_pass(keys, 0, 0x3ffu, st, sh);
   const std::uint32_t threshold = st.prefix;
   // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
@@ -206,9 +207,16 @@ __global__ void __launch_bounds__(kTopkThreads)
   } else {
     RadixState st;
     st.remaining = static_cast<std::uint32_t>(topk);
-    const std::uint32_t at_least = radix_pass(row_keys, 21, 0x7ffu, st, sh);
-    // The top digit of T is 0 only when T is not a real logit (holes, NaN): stay in global memory.
-    if (st.prefix != 0 && at_least <= kStageCapacity) {
+    // Stage after the first pass, or else after the second, once the keys at
+    // or above the prefix fit. The top digit of T is 0 only when T is not a
+    // real logit (holes, NaN): those rows stay in global memory.
+    std::uint32_t at_least = radix_pass(row_keys, 21, 0x7ffu, st, sh);
+    int next_pass = 1;
+    if (at_least > kStageCapacity && st.prefix != 0) {
+      at_least = radix_pass(row_keys, 10, 0x7ffu, st, sh);
+      next_pass = 2;
+    }
+    if (st.prefix >= (1u << 21) && at_least <= kStageCapacity) {
       std::uint32_t* stage_key = staged;
       std::int32_t* stage_pos = reinterpret_cast<std::int32_t*>(staged + kStageCapacity);
       compact(row_keys, st.prefix - 1, 0u, 0u, sh, [&](std::uint32_t slot, int item, std::uint32_t key) {
@@ -216,9 +224,10 @@ __global__ void __launch_bounds__(kTopkThreads)
         stage_pos[slot] = item;
       });
       __syncthreads();
-      selected = finish_selection(StagedKeys{stage_key, stage_pos, static_cast<int>(at_least)}, st, sh, out, topk);
+      const StagedKeys staged_keys{stage_key, stage_pos, static_cast<int>(at_least)};
+      selected = finish_selection(staged_keys, st, next_pass, sh, out, topk);
     } else {
-      selected = finish_selection(row_keys, st, sh, out, topk);
+      selected = finish_selection(row_keys, st, next_pass, sh, out, topk);
     }
   }
   for (std::uint32_t i = selected + threadIdx.x; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
