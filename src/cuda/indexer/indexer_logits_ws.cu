@@ -91,6 +91,7 @@ struct Smem {
   pl::Mbarrier empty[kStages];          // one arrival per consumer thread
   pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
   Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
+  std::int32_t entry[8][kTileKeys];     // producer: block-table entries of the next tiles (slot = tile % 8)
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "two CTAs per SM");
@@ -142,26 +143,36 @@ __device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
 
 // ------------------------------------------------------------------ producer (warp 4)
 
-// Gathers the 64 keys of positions base .. base + 63 of `request` (those <= max_pos
-// with a block-table entry in range; the others zero-filled, never read) into `stage`.
-// Lane l looks up keys l and l + 32 (block-table bounds as block_of); the codes are
-// then copied 16 bytes a lane, 8 lanes per key (4 keys = 4 whole 128-byte lines per
-// instruction), each lane taking its key's cache offset from the lane that looked it up.
-__device__ __forceinline__ void gather(Smem& s, const IndexerTopkParams& p, int request, int max_pos, int base,
-                                       int stage, int lane) {
-  const std::uint8_t* any_readable = p.index_q;  // source of zero-filled (not read) copies
-  std::int64_t offset[2];
+// The producer. Its first version (NOTES.md, "decode producer") looked each tile's
+// block-table entries up when it copied the tile (4 integer divisions by
+// block_size, two block-table loads each consumed at once, ~510 instructions a
+// tile) and kept one producer warp at ~1.3 µs a tile, 2.7x from HBM. Here the block index
+// and row of a lane's keys advance by 64 positions a tile without division, and the
+// block-table entries are fetched kAhead tiles before their copies, by cp.async into
+// shared memory: a register load would return only after the warp's earlier
+// cp.async data (in-order return; what the measured ~1 HBM round trip a tile
+// suggests), so now kAhead + 1 tiles stay in flight per CTA instead of about one.
+// Same bytes in the stages, so the same logits bit for bit.
+constexpr int kAhead = 6;
+
+// Gathers the 64 keys of a tile into `stage` (codes, scales, validity masks),
+// given their blocks: key lane + 32 h is
+// row row[h] of cache block block[h] (-1: no cache row; zero-filled, never read).
+__device__ __forceinline__ void copy_tile(Smem& s, const IndexerTopkParams& p, const std::int64_t (&block)[2],
+                                          const int (&row)[2], int stage, int lane) {
+  // Source of a key's 16-byte chunks: its cache row, or (zero-filled, not read) the
+  // query; the lane holding the key hands over the whole pointer, so a
+  // copy costs two shuffles and an add.
+  const std::uint8_t* src[2];
   bool valid[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int key = lane + 32 * h, position = base + key;
-    const std::int64_t block = position <= max_pos ? block_of(p, request, position) : -1;
-    valid[h] = block >= 0;
-    const int r = valid[h] ? position % p.block_size : 0;
-    offset[h] = valid[h] ? block * cache_block_bytes(p) + std::int64_t{r} * kRowBytes : 0;
+    const int key = lane + 32 * h;
+    valid[h] = block[h] >= 0;
+    const std::uint8_t* block_base = p.index_cache + (valid[h] ? block[h] : 0) * cache_block_bytes(p);
+    src[h] = valid[h] ? block_base + std::int64_t{row[h]} * kRowBytes : p.index_q;
     const std::uint8_t* scale_src =
-        valid[h] ? p.index_cache + block * cache_block_bytes(p) + std::int64_t{p.block_size} * kRowBytes + 4 * r
-                 : any_readable;
+        valid[h] ? block_base + std::int64_t{p.block_size} * kRowBytes + 4 * row[h] : p.index_q;
     pl::copy_4(&s.scale[stage][key], scale_src, valid[h]);
   }
   const std::uint32_t mask0 = __ballot_sync(0xffffffffu, valid[0]);
@@ -174,24 +185,97 @@ __device__ __forceinline__ void gather(Smem& s, const IndexerTopkParams& p, int 
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const int key = 4 * i + (lane >> 3), from = key & 31;
-    const std::int64_t off = __shfl_sync(0xffffffffu, i < 8 ? offset[0] : offset[1], from);
+    const auto from_src = reinterpret_cast<const std::uint8_t*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(i < 8 ? src[0] : src[1]), from));
     const bool v = (((i < 8 ? mask0 : mask1) >> from) & 1u) != 0;
-    pl::copy_16(&s.k[stage][sw(key, chunk)], v ? p.index_cache + off + 16 * chunk : any_readable, v);
+    pl::copy_16(&s.k[stage][sw(key, chunk)], from_src + 16 * chunk, v);  // the query's first 128 B when !v
   }
   pl::arrive_on_copies(&s.full[stage]);  // once this lane's copies have landed
   pl::arrive(&s.full[stage]);            // releases lane 0's validity masks
 }
 
+// Cursor of a position 64 further on: row + step_row < 2 bs, so one carry at most.
+__device__ __forceinline__ void advance(int& position, int& index, int& row, int step_index, int step_row, int bs) {
+  position += kTileKeys;
+  index += step_index;
+  row += step_row;
+  if (row >= bs) {
+    row -= bs;
+    ++index;
+  }
+}
+
 __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w) {
+  static_assert(kAhead < 8, "a slot is rewritten only after its tile's entries were read");
   const int lane = threadIdx.x % 32;
+  const int bs = p.block_size;
+  const int step_index = kTileKeys / bs, step_row = kTileKeys % bs;  // 64 positions = step_index blocks + step_row rows
+  // Lookahead over the CTA's whole (unit, tile) sequence, kAhead tiles before the
+  // copies: cp.async of the entries of keys lane and lane + 32 into s.entry (zero-filled
+  // past max_pos or past the table row; the copy side applies the same test).
+  int ar = -1, at = 0, a_items = 0, a_max_pos = 0, a_pos[2] = {0, 0}, a_index[2] = {0, 0}, a_row[2] = {0, 0};
+  const std::int32_t* a_table = p.block_table;
+  auto ahead = [&](int slot) {
+    while (at >= a_items) {  // the next unit, if any
+      if (ar + 1 >= kRows) return;
+      ++ar;
+      Unit u;
+      at = 0;
+      a_items = unit_at(w, ar, u) ? u.items : 0;
+      a_max_pos = u.max_pos;
+      a_table = p.block_table + std::int64_t{u.request} * p.max_blocks_per_request;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a_pos[h] = w.tile0 * kTileKeys + lane + 32 * h;
+        a_index[h] = a_pos[h] / bs;
+        a_row[h] = a_pos[h] - a_index[h] * bs;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool ok = a_pos[h] <= a_max_pos && a_index[h] < p.max_blocks_per_request;
+      pl::copy_4(&s.entry[slot][lane + 32 * h], ok ? a_table + a_index[h] : p.block_table, ok);
+      advance(a_pos[h], a_index[h], a_row[h], step_index, step_row, bs);
+    }
+    ++at;
+  };
+  // Groups: the first kAhead tiles' entries, kAhead - 1 empty ones, then one per tile
+  // (tile it + kAhead's entries, tile it's keys): before tile it, wait_copies<kAhead - 1>
+  // leaves pending only groups newer than the one holding tile it's entries.
+#pragma unroll 1
+  for (int d = 0; d < kAhead; ++d) ahead(d);
+  pl::commit_copies();
+#pragma unroll
+  for (int d = 1; d < kAhead; ++d) pl::commit_copies();
   int it = 0;
 #pragma unroll 1
   for (int r = 0; r < kRows; ++r) {
     Unit u;
     if (!unit_at(w, r, u)) continue;
+    int pos[2], index[2], row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      pos[h] = w.tile0 * kTileKeys + lane + 32 * h;
+      index[h] = pos[h] / bs;
+      row[h] = pos[h] - index[h] * bs;
+    }
+#pragma unroll 1
     for (int t = 0; t < u.items; ++t, ++it) {
+      pl::wait_copies<kAhead - 1>();  // this tile's entries have landed (this lane's own copies)
+      std::int64_t block[2];
+      int row_t[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool ok = pos[h] <= u.max_pos && index[h] < p.max_blocks_per_request;  // as block_of
+        const std::int32_t e = ok ? s.entry[it % 8][lane + 32 * h] : -1;
+        block[h] = e >= 0 && e < p.num_blocks ? std::int64_t{e} : -1;
+        row_t[h] = row[h];
+        advance(pos[h], index[h], row[h], step_index, step_row, bs);
+      }
+      ahead((it + kAhead) % 8);  // slot of tile it + kAhead, last read at tile it + kAhead - 8 < it
       pl::wait(&s.empty[stage_of(it)], phase_of(it) ^ 1);
-      gather(s, p, u.request, u.max_pos, (w.tile0 + t) * kTileKeys, stage_of(it), lane);
+      copy_tile(s, p, block, row_t, stage_of(it), lane);
+      pl::commit_copies();
     }
   }
   pl::wait_copies<0>();  // nothing in flight when the warp reaches the kernel's final barrier

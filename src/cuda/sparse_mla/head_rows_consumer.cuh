@@ -8,6 +8,28 @@
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
+// The bf16 output's stores: 16 bytes per thread after a 4x4 transpose within
+// each quad (store_wide, the default; measured 4-21 % off the bf16
+// prefill, NOTES.md v16), or 0: 4 bytes per thread in accumulator order, which
+// fills half of each 32-byte sector (store_narrow), kept for one more A/B.
+// The split path's fp32 float2 stores already fill whole sectors.
+#ifndef DSMLA_SPARSE_WIDE_EPILOGUE
+#define DSMLA_SPARSE_WIDE_EPILOGUE 1
+#endif
+inline constexpr bool kWideEpilogue = DSMLA_SPARSE_WIDE_EPILOGUE != 0;
+
+// One 2x2 exchange within a quad: lanes whose bit `mask` is clear keep `lo`
+// and get the partner's `lo` in `hi`; the others keep `hi` and get the
+// partner's `hi` in `lo` (lane bit and slot bit swap). Every lane of the
+// warp must take part.
+template <class T>
+__device__ __forceinline__ void quad_swap(T& lo, T& hi, int mask, int tq) {
+  const bool upper = (tq & mask) != 0;
+  const T got = __shfl_xor_sync(0xffffffffu, upper ? lo : hi, mask);
+  if (upper) lo = got;
+  else hi = got;
+}
+
 template <int kWg, bool kPaired>
 struct Consumer {
   static constexpr int kOther = 1 - kWg;
@@ -317,8 +339,6 @@ struct Consumer {
   // Normalises and stores this warpgroup's columns of the item. The row sums
   // of both warpgroups meet in smem, double-buffered by item parity.
   __device__ __forceinline__ void epilogue(int parity) {
-    const WorkItem& w = item;
-    const SparseMlaParams& p = *w.p;
     float* sums = reinterpret_cast<float*>(smem + kSmemSum) + parity * 2 * kRows;  // [2][64]
     float l_wg[2];
 #pragma unroll
@@ -327,6 +347,14 @@ struct Consumer {
       if (tq == 0) sums[kWg * kRows + row(hi)] = l_wg[hi];
     }
     pl::named_sync_unaligned(kConsumerThreads, kSumsReady);  // reached from both template instances
+    if constexpr (kWideEpilogue) store_wide(sums);
+    else store_narrow(sums);
+  }
+
+  // The epilogue's stores in accumulator order: 4 (bf16) / 8 (fp32) bytes per thread.
+  __device__ __forceinline__ void store_narrow(const float* sums) {
+    const WorkItem& w = item;
+    const SparseMlaParams& p = *w.p;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int r = row(hi);
@@ -352,6 +380,80 @@ struct Consumer {
           *reinterpret_cast<std::uint32_t*>(dst + 8 * j) =
               sm::pack_bf16x2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
         if (kWg == 0 && tq == 0 && p.lse != nullptr) {
+          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
+          p.lse[lse_row * p.num_heads + head] = lse;
+        }
+      }
+    }
+  }
+
+  // The epilogue's stores with the bf16 output 16 bytes per thread. bf16
+  // accumulator order: lane tq of a quad holds columns 8 j + 2 tq + {0, 1} of
+  // rows row(0), row(1), j = 0..31 (o[4 j + 2 hi + {0, 1}]). Same values and
+  // rounding as store_narrow(), only moved between lanes. The shuffles need
+  // every lane, so rows past w.heads (none while heads % 16 == 0,
+  // check_params) are guarded at the stores only. Register pressure chose the
+  // shape (the fp8 consumers have 208 registers; other shapes spilled up to
+  // 80 bytes): bf16 packed before any shuffle, 1 / l re-read from the row
+  // sums at each use, the lse after the stores.
+  __device__ __forceinline__ void store_wide(const float* sums) {
+    const WorkItem& w = item;
+    const SparseMlaParams& p = *w.p;
+    const bool split = w.args->num_splits > 1;
+    auto inv = [&](int hi) {
+      const float l = sums[row(hi)] + sums[kRows + row(hi)];
+      return l > 0.f ? 1.f / l : 0.f;
+    };
+    if (split) {  // fp32 partial results for the combine kernel, as store_narrow()
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int r = row(hi);
+        if (r >= w.heads) continue;
+        const float f = inv(hi);
+        const std::int64_t out_row =
+            (static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + w.head0 + r;
+        float* dst = w.args->part_o + out_row * 512 + 256 * kWg + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * hi] * f, o[4 * j + 2 * hi + 1] * f);
+      }
+    } else {
+      std::uint32_t v[2][32];
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float f = inv(hi);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) v[hi][j] = sm::pack_bf16x2(o[4 * j + 2 * hi] * f, o[4 * j + 2 * hi + 1] * f);
+      }
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        // Blocks j = 4k + c, c = 0..3: lane tq holds word tq of each (slot c).
+        // A 4x4 transpose (slot bit 1 <-> lane bit 1, then bit 0) leaves lane
+        // tq words 0..3 of block 4k + tq, columns 32 k + 8 tq .. + 7: a quad
+        // stores columns 32 k .. 32 k + 31, 64 contiguous bytes.
+        __nv_bfloat16* dst =
+            p.o_lat + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0 + row(hi)) * 512 + 256 * kWg + 8 * tq;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          std::uint32_t* c = &v[hi][4 * k];
+          quad_swap(c[0], c[2], 2, tq);
+          quad_swap(c[1], c[3], 2, tq);
+          quad_swap(c[0], c[1], 1, tq);
+          quad_swap(c[2], c[3], 1, tq);
+          if (row(hi) < w.heads) *reinterpret_cast<uint4*>(dst + 32 * k) = make_uint4(c[0], c[1], c[2], c[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {  // the lse, as in store_narrow()
+      const int r = row(hi);
+      const float l = sums[r] + sums[kRows + r];
+      if (r < w.heads && kWg == 0 && tq == 0) {
+        const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * sm::kLn2 : -INFINITY;
+        const int head = w.head0 + r;
+        if (split) {
+          w.args->part_lse[(static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + head] = lse;
+        } else if (p.lse != nullptr) {
           const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
           p.lse[lse_row * p.num_heads + head] = lse;
         }
