@@ -8,16 +8,6 @@
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
-// The bf16 output's stores: 16 bytes per thread after a 4x4 transpose within
-// each quad (store_wide, the default; measured 4-21 % off the bf16
-// prefill, NOTES.md v16), or 0: 4 bytes per thread in accumulator order, which
-// fills half of each 32-byte sector (store_narrow), kept for one more A/B.
-// The split path's fp32 float2 stores already fill whole sectors.
-#ifndef DSMLA_SPARSE_WIDE_EPILOGUE
-#define DSMLA_SPARSE_WIDE_EPILOGUE 1
-#endif
-inline constexpr bool kWideEpilogue = DSMLA_SPARSE_WIDE_EPILOGUE != 0;
-
 // One 2x2 exchange within a quad: lanes whose bit `mask` is clear keep `lo`
 // and get the partner's `lo` in `hi`; the others keep `hi` and get the
 // partner's `hi` in `lo` (lane bit and slot bit swap). Every lane of the
@@ -347,56 +337,21 @@ struct Consumer {
       if (tq == 0) sums[kWg * kRows + row(hi)] = l_wg[hi];
     }
     pl::named_sync_unaligned(kConsumerThreads, kSumsReady);  // reached from both template instances
-    if constexpr (kWideEpilogue) store_wide(sums);
-    else store_narrow(sums);
+    store(sums);
   }
 
-  // The epilogue's stores in accumulator order: 4 (bf16) / 8 (fp32) bytes per thread.
-  __device__ __forceinline__ void store_narrow(const float* sums) {
-    const WorkItem& w = item;
-    const SparseMlaParams& p = *w.p;
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int r = row(hi);
-      if (r >= w.heads) continue;
-      const float l = sums[r] + sums[kRows + r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * sm::kLn2 : -INFINITY;
-      const int head = w.head0 + r;
-      const int col0 = 256 * kWg + 2 * tq;
-      if (w.args->num_splits > 1) {  // fp32 partial results for the combine kernel
-        const std::int64_t out_row =
-            (static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + head;
-        float* dst = w.args->part_o + out_row * 512 + col0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
-        if (kWg == 0 && tq == 0) w.args->part_lse[out_row] = lse;
-      } else {
-        const std::int64_t out_row = static_cast<std::int64_t>(w.token) * p.num_heads + head;
-        __nv_bfloat16* dst = p.o_lat + out_row * 512 + col0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<std::uint32_t*>(dst + 8 * j) =
-              sm::pack_bf16x2(o[4 * j + 2 * hi] * inv, o[4 * j + 2 * hi + 1] * inv);
-        if (kWg == 0 && tq == 0 && p.lse != nullptr) {
-          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
-          p.lse[lse_row * p.num_heads + head] = lse;
-        }
-      }
-    }
-  }
-
-  // The epilogue's stores with the bf16 output 16 bytes per thread. bf16
-  // accumulator order: lane tq of a quad holds columns 8 j + 2 tq + {0, 1} of
-  // rows row(0), row(1), j = 0..31 (o[4 j + 2 hi + {0, 1}]). Same values and
-  // rounding as store_narrow(), only moved between lanes. The shuffles need
+  // The epilogue's stores. The fp32 split partials go out as float2 in
+  // accumulator order (a quad writes a whole 32-byte sector); the bf16 output
+  // 16 bytes per thread (NOTES.md v16: 4 bytes per thread filled half a
+  // sector). bf16 accumulator order: lane tq of a quad holds columns 8 j +
+  // 2 tq + {0, 1} of rows row(0), row(1), j = 0..31 (o[4 j + 2 hi + {0, 1}]);
+  // a 4x4 transpose by shuffles regroups them. The shuffles need
   // every lane, so rows past w.heads (none while heads % 16 == 0,
   // check_params) are guarded at the stores only. Register pressure chose the
   // shape (the fp8 consumers have 208 registers; other shapes spilled up to
   // 80 bytes): bf16 packed before any shuffle, 1 / l re-read from the row
   // sums at each use, the lse after the stores.
-  __device__ __forceinline__ void store_wide(const float* sums) {
+  __device__ __forceinline__ void store(const float* sums) {
     const WorkItem& w = item;
     const SparseMlaParams& p = *w.p;
     const bool split = w.args->num_splits > 1;
@@ -404,7 +359,7 @@ struct Consumer {
       const float l = sums[row(hi)] + sums[kRows + row(hi)];
       return l > 0.f ? 1.f / l : 0.f;
     };
-    if (split) {  // fp32 partial results for the combine kernel, as store_narrow()
+    if (split) {  // fp32 partial results for the combine kernel
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         const int r = row(hi);
@@ -445,7 +400,7 @@ struct Consumer {
       }
     }
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {  // the lse, as in store_narrow()
+    for (int hi = 0; hi < 2; ++hi) {  // the lse
       const int r = row(hi);
       const float l = sums[r] + sums[kRows + r];
       if (r < w.heads && kWg == 0 && tq == 0) {
