@@ -8,7 +8,8 @@
 #              on the tiny batches;
 #   synccheck  the same, for barrier misuse.
 # Exits non-zero when any tool reports an error or a test fails.
-#   Usage: scripts/gpu-sanitize.sh BUILD_DIR
+# SANITIZE_GROUPS (default "backend sparse indexer") picks the groups below that run.
+#   Usage: [SANITIZE_GROUPS="sparse indexer"] scripts/gpu-sanitize.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: scripts/gpu-sanitize.sh BUILD_DIR}
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -31,30 +32,38 @@ run() {
   if [ $rc -ne 0 ]; then echo "gpu-sanitize: $tool on $2 failed (exit $rc)"; status=1; fi
 }
 
+want() { case " ${SANITIZE_GROUPS:-backend sparse indexer} " in *" $1 "*) return 0 ;; esac; return 1; }
+
 small='*GpuSanitizerSmall*'
-run memcheck test_gpu_cuda '*CacheWrite*:*ConvertTopk*:*PreAttention*'
-run memcheck test_gpu_backend "$small:*GpuDensePacking*/bf16:*GpuLatentStaging*/fp8_ds_mla:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuCorner.ZeroLength*/fp8_ds_mla:*GpuVsCpuCorner.AllIndicesEmpty/bf16"
-# Not GpuDensePacking under racecheck: its up-projection GEMM picks a cuBLAS
-# kernel (nvjet_sm90_tst_128x184_..._TNT) in which racecheck reports shared-memory
-# hazards of cuBLAS's own (2026-12-02); the packed dense kernel itself showed none.
-run racecheck test_gpu_backend "$small"
-run synccheck test_gpu_backend "$small"
-run racecheck test_gpu_cuda '*ConvertTopk*topk100*:*PreAttentionTest*fp8_ds_mla_compact*'
+if want backend; then
+  run memcheck test_gpu_cuda '*CacheWrite*:*ConvertTopk*:*PreAttention*'
+  run memcheck test_gpu_backend "$small:*GpuDensePacking*/bf16:*GpuLatentStaging*/fp8_ds_mla:GpuBadIndices.*:*GpuGraph*bf16*:*GpuVsCpuCorner.ZeroLength*/fp8_ds_mla:*GpuVsCpuCorner.AllIndicesEmpty/bf16"
+  # Not GpuDensePacking under racecheck: its up-projection GEMM picks a cuBLAS
+  # kernel (nvjet_sm90_tst_128x184_..._TNT) in which racecheck reports shared-memory
+  # hazards of cuBLAS's own (2026-12-02); the packed dense kernel itself showed none.
+  run racecheck test_gpu_backend "$small"
+  run synccheck test_gpu_backend "$small"
+  run racecheck test_gpu_cuda '*ConvertTopk*topk100*:*PreAttentionTest*fp8_ds_mla_compact*'
+fi
 # The warp-specialised sparse kernel (every cache format, H 64 / 128): few tokens (split-KV),
 # and more items than multiprocessors (persistent CTAs, producer running ahead).
 sparse_ws='*SparseMlaFewTokens*H64_topk128_*:*SparseMlaFewTokens*H128_topk2560_*'
-run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*"
-run racecheck test_gpu_cuda "$sparse_ws"
-run synccheck test_gpu_cuda "$sparse_ws"
+if want sparse; then
+  run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*"
+  run racecheck test_gpu_cuda "$sparse_ws"
+  run synccheck test_gpu_cuda "$sparse_ws"
+fi
 
 # The indexer kernels: cache write, both logits kernels and the radix top-k
 # (shared-memory histograms, staged keys) on the small cases (holes, exact ties), and
 # with wgmma_ws a case whose rows both stage their keys and exceed the staging capacity.
 indexer='*IndexCacheWrite*:*IndexerTopkTest*h32_b16_holes*:*IndexerTopkTest*h64_b16_ties*'
 indexer+=':*IndexerTopkTest*h64_b64_wide_ties_wgmma_ws*'
-run memcheck test_gpu_cuda "$indexer"
-run racecheck test_gpu_cuda "$indexer"
-run synccheck test_gpu_cuda "$indexer"
+if want indexer; then
+  run memcheck test_gpu_cuda "$indexer"
+  run racecheck test_gpu_cuda "$indexer"
+  run synccheck test_gpu_cuda "$indexer"
+fi
 
 [ $status -eq 0 ] && echo "gpu-sanitize: all clean" || echo "gpu-sanitize: FAILED"
 exit $status
