@@ -55,8 +55,8 @@ if want sparse; then
 fi
 
 # The indexer kernels: cache write, both logits kernels and the radix top-k
-# (shared-memory histograms, staged keys) on the small cases (holes, exact ties), and
-# with wgmma_ws a case whose rows both stage their keys and exceed the staging capacity.
+# (shared-memory histograms) on the small cases (holes, exact ties), and with wgmma_ws
+# exact ties over 20000-position rows.
 indexer='*IndexCacheWrite*:*IndexerTopkTest*h32_b16_holes*:*IndexerTopkTest*h64_b16_ties*'
 indexer+=':*IndexerTopkTest*h64_b64_wide_ties_wgmma_ws*'
 if want indexer; then

@@ -520,9 +520,8 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 19;
     v.push_back(c);
   }
-  {  // Two distinct keys over 20000 positions: the k-th largest key's group (~10000) exceeds the
-     // top-k kernel's staging capacity (8192, topk_select.cuh), so its selection runs in global memory;
-     // the 6000-position rows stage their keys.
+  {  // Exact ties over long rows: two distinct keys over 20000 positions, topk 2048 (the k-th
+     // largest key's group holds thousands of keys, of which the lowest positions are taken).
     TopkCase c{.name = "h64_b64_wide_ties", .heads = 64, .block_size = 64, .topk = 2048, .num_blocks = 330, .max_blocks = 320};
     c.contexts = {20000};
     c.rows_per_request = 0;

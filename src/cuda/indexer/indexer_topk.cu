@@ -22,7 +22,6 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fp8.cuh"
-#include "cuda/common/launch.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/indexer/indexer_kernels.cuh"
 #include "cuda/indexer/indexer_variants.hpp"
@@ -220,8 +219,7 @@ void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool 
       }
     }
     if (with_topk) {
-      opt_in_shared_memory(reinterpret_cast<const void*>(&topk_kernel), kTopkSmemBytes, "indexer topk_kernel");
-      topk_kernel<<<rows, kTopkThreads, kTopkSmemBytes, stream>>>(p, r0, stride, keys);
+      topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, r0, stride, keys);
       check_launch("indexer topk_kernel");
     }
   }

@@ -8,13 +8,9 @@
 // with key > T and the need_eq lowest positions with key == T, in increasing
 // position order, then -1 padding.
 //
-// Staging: the keys at or above the prefix found so far (those > T and those
-// == T are all among them) are, once they fit in kStageCapacity, copied with
-// their positions and in position order into shared memory by one more pass
-// over the row, and the remaining radix passes and the compaction run there:
-// after the first pass when its digit's bin is small enough (2 reads of the
-// row from L2 / HBM instead of 4), else after the second (3 reads). Otherwise
-// everything runs over the row in global memory. Same result either way.
+// A staged variant (the keys at or above the k-th key's first digits copied
+// into shared memory, the later passes there: 2-3 reads of the row instead of
+// 4) measured no faster (NOTES.md, top-k v2): the passes are latency-bound.
 #pragma once
 #include <cub/block/block_scan.cuh>
 
@@ -31,9 +27,6 @@ inline constexpr int kBatch = 4;                      // histogram: steps whose 
 static_assert(kChunk < (1 << 16), "per-chunk flag counts are packed in 16-bit halves");
 inline constexpr int kBins = 2048;  // radix digits: bits 21..31, 10..20, 0..9
 static_assert(kBins == 2 * kTopkThreads, "the bin scan gives each thread two bins");
-inline constexpr int kStageCapacity = 8192;                  // staged (key, position) pairs
-inline constexpr int kTopkSmemBytes = kStageCapacity * 8;    // dynamic shared memory: 64 KiB
-static_assert(kStageCapacity % kItems == 0);
 
 // The row's keys in global memory: item i is position i. A shortcut row (no
 // logits) has key 1 for a candidate position and kNotCandidate for a hole.
@@ -57,24 +50,6 @@ struct RowKeys {
     k[2] = base + 2 < count ? v.z : kNotCandidate;
     k[3] = base + 3 < count ? v.w : kNotCandidate;
   }
-  __device__ int position(int item) const { return item; }
-};
-
-// The staged keys in shared memory: item i is key[i] at position pos[i].
-struct StagedKeys {
-  const std::uint32_t* key;  // 16-byte aligned
-  const std::int32_t* pos;
-  int count;
-
-  __device__ void load(int base, std::uint32_t (&k)[kItems]) const {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (base < count) v = *reinterpret_cast<const uint4*>(key + base);  // inside the capacity
-    k[0] = v.x;
-    k[1] = base + 1 < count ? v.y : kNotCandidate;
-    k[2] = base + 2 < count ? v.z : kNotCandidate;
-    k[3] = base + 3 < count ? v.w : kNotCandidate;
-  }
-  __device__ int position(int item) const { return pos[item]; }
 };
 
 using TopkScan = cub::BlockScan<std::uint32_t, kTopkThreads>;
@@ -82,21 +57,18 @@ using TopkScan = cub::BlockScan<std::uint32_t, kTopkThreads>;
 struct TopkShared {
   TopkScan::TempStorage scan;
   std::uint32_t hist[kBins];
-  std::uint32_t digit, remaining, at_least;  // one radix pass's result
+  std::uint32_t digit, remaining;  // one radix pass's result
 };
 
 // The radix selection's state: `remaining` (>= 1) of the keys whose bits under
-// `mask` equal `prefix` still have to be taken, and at least that many match;
-// `above` keys lie above that prefix (all taken).
+// `mask` equal `prefix` still have to be taken, and at least that many match.
 struct RadixState {
-  std::uint32_t prefix = 0, mask = 0, remaining, above = 0;
+  std::uint32_t prefix = 0, mask = 0, remaining;
 };
 
 // One radix pass over `keys`: the digit at `shift` of the k-th largest key.
-// Returns how many keys match the new prefix or lie above it (block-uniform).
-template <class Keys>
-__device__ std::uint32_t radix_pass(const Keys& keys, int shift, std::uint32_t digit_mask, RadixState& st,
-                                    TopkShared& sh) {
+__device__ __forceinline__ void radix_pass(const RowKeys& keys, int shift, std::uint32_t digit_mask, RadixState& st,
+                                           TopkShared& sh) {
   const int tid = threadIdx.x;
   for (int i = tid; i < kBins; i += kTopkThreads) sh.hist[i] = 0;
   __syncthreads();
@@ -122,25 +94,21 @@ __device__ std::uint32_t radix_pass(const Keys& keys, int shift, std::uint32_t d
     if (above[i] < st.remaining && st.remaining <= above[i] + c[i]) {  // exactly one item
       sh.digit = static_cast<std::uint32_t>(kBins - 1 - 2 * tid - i);
       sh.remaining = st.remaining - above[i];
-      sh.at_least = st.above + above[i] + c[i];
     }
   __syncthreads();
   st.prefix |= sh.digit << shift;
   st.mask |= digit_mask << shift;
-  const std::uint32_t at_least = sh.at_least;
-  st.above += st.remaining - sh.remaining;
   st.remaining = sh.remaining;
   __syncthreads();  // everyone has read the results; hist and scan are reused
-  return at_least;
 }
 
-// Compaction of `keys` in item order: emit(slot, item, key) for every key > gt
-// (slot = # such keys before it + min(# keys == eq before it, need_eq)) and for
-// the need_eq first keys == eq. The next step's keys are loaded before this
-// step's scan (their latency hides behind it). Returns the number emitted.
-template <class Keys, class Emit>
-__device__ std::uint32_t compact(const Keys& keys, std::uint32_t gt, std::uint32_t eq, std::uint32_t need_eq,
-                                 TopkShared& sh, Emit&& emit) {
+// Compaction in position order: out[slot] = position for every key > gt (slot =
+// # such keys before it + min(# keys == eq before it, need_eq)) and for the
+// need_eq first keys == eq, slots below topk only. The next step's keys are
+// loaded before this step's scan (their latency hides behind it). Returns the
+// number of keys selected.
+__device__ __forceinline__ std::uint32_t compact(const RowKeys& keys, std::uint32_t gt, std::uint32_t eq,
+                                                std::uint32_t need_eq, TopkShared& sh, std::int32_t* out, int topk) {
   std::uint32_t gt_before = 0, eq_before = 0;  // block-uniform running totals
   std::uint32_t k[kItems];
   keys.load(kItems * threadIdx.x, k);
@@ -159,8 +127,10 @@ __device__ std::uint32_t compact(const Keys& keys, std::uint32_t gt, std::uint32
     for (int j = 0; j < kItems; ++j) {
       const std::uint32_t gt_rank = gt_before + (excl[j] & 0xffffu);
       const std::uint32_t eq_rank = eq_before + (excl[j] >> 16);
-      if (flags[j] & 0xffffu) emit(gt_rank + min(eq_rank, need_eq), base + j, k[j]);
-      else if ((flags[j] >> 16) && eq_rank < need_eq) emit(gt_rank + eq_rank, base + j, k[j]);
+      std::uint32_t slot = static_cast<std::uint32_t>(topk);  // none
+      if (flags[j] & 0xffffu) slot = gt_rank + min(eq_rank, need_eq);
+      else if ((flags[j] >> 16) && eq_rank < need_eq) slot = gt_rank + eq_rank;
+      if (slot < static_cast<std::uint32_t>(topk)) out[slot] = base + j;
     }
     gt_before += aggregate & 0xffffu;
     eq_before += aggregate >> 16;
@@ -171,25 +141,9 @@ __device__ std::uint32_t compact(const Keys& keys, std::uint32_t gt, std::uint32
   return gt_before + min(eq_before, need_eq);
 }
 
-// The radix passes from `first_pass` (1 or 2) on and the output compaction
-// over `keys`. Returns the number of positions written.
-template <class Keys>
-__device__ std::uint32_t finish_selection(const Keys& keys, RadixState st, int first_pass, TopkShared& sh,
-                                          std::int32_t* out, int topk) {
-  if (first_pass <= 1) radix_pass(keys, 10, 0x7ffu, st, sh);
-  radix_pass(keys, 0, 0x3ffu, st, sh);
-  const std::uint32_t threshold = st.prefix;
-  // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
-  const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
-  return compact(keys, threshold, threshold, need_eq, sh, [&](std::uint32_t slot, int item, std::uint32_t) {
-    if (slot < static_cast<std::uint32_t>(topk)) out[slot] = keys.position(item);
-  });
-}
-
 __global__ void __launch_bounds__(kTopkThreads)
     topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
   __shared__ TopkShared sh;
-  extern __shared__ __align__(16) std::uint32_t staged[];  // [kStageCapacity] keys, [kStageCapacity] positions
 
   const IndexerRow row = p.rows[row_begin + blockIdx.x];
   if (!row_is_valid(row, p)) return;  // block-uniform
@@ -201,34 +155,17 @@ __global__ void __launch_bounds__(kTopkThreads)
 
   std::uint32_t selected = 0;
   if (shortcut) {  // every candidate: key 1 > 0
-    selected = compact(row_keys, kNotCandidate, kNotCandidate, 0u, sh, [&](std::uint32_t slot, int item, std::uint32_t) {
-      if (slot < static_cast<std::uint32_t>(topk)) out[slot] = item;
-    });
+    selected = compact(row_keys, kNotCandidate, kNotCandidate, 0u, sh, out, topk);
   } else {
     RadixState st;
     st.remaining = static_cast<std::uint32_t>(topk);
-    // Stage after the first pass, or else after the second, once the keys at
-    // or above the prefix fit. The top digit of T is 0 only when T is not a
-    // real logit (holes, NaN): those rows stay in global memory.
-    std::uint32_t at_least = radix_pass(row_keys, 21, 0x7ffu, st, sh);
-    int next_pass = 1;
-    if (at_least > kStageCapacity && st.prefix != 0) {
-      at_least = radix_pass(row_keys, 10, 0x7ffu, st, sh);
-      next_pass = 2;
-    }
-    if (st.prefix >= (1u << 21) && at_least <= kStageCapacity) {
-      std::uint32_t* stage_key = staged;
-      std::int32_t* stage_pos = reinterpret_cast<std::int32_t*>(staged + kStageCapacity);
-      compact(row_keys, st.prefix - 1, 0u, 0u, sh, [&](std::uint32_t slot, int item, std::uint32_t key) {
-        stage_key[slot] = key;  // slot < at_least <= kStageCapacity
-        stage_pos[slot] = item;
-      });
-      __syncthreads();
-      const StagedKeys staged_keys{stage_key, stage_pos, static_cast<int>(at_least)};
-      selected = finish_selection(staged_keys, st, next_pass, sh, out, topk);
-    } else {
-      selected = finish_selection(row_keys, st, next_pass, sh, out, topk);
-    }
+    radix_pass(row_keys, 21, 0x7ffu, st, sh);
+    radix_pass(row_keys, 10, 0x7ffu, st, sh);
+    radix_pass(row_keys, 0, 0x3ffu, st, sh);
+    const std::uint32_t threshold = st.prefix;
+    // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
+    const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
+    selected = compact(row_keys, threshold, threshold, need_eq, sh, out, topk);
   }
   for (std::uint32_t i = selected + threadIdx.x; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
 }
