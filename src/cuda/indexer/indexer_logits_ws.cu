@@ -69,6 +69,7 @@ constexpr int kQRowBytes = kMaxHeads * kRowBytes;  // one query row: 64 heads, 8
 constexpr int kRows = 4;                           // rows per CTA
 constexpr int kStages = 8;
 constexpr int kMaxTilesPerCta = 32;
+constexpr int kEntrySlots = 8;  // the producer's block-table lookahead ring (kAhead < kEntrySlots tiles)
 static_assert(kMaxHeads == 64, "a row's query is 64 B-operand rows");
 static_assert(kTileKeys == kRowAlign, "a CTA's tiles lie within the padded row");
 
@@ -91,7 +92,7 @@ struct Smem {
   pl::Mbarrier empty[kStages];          // one arrival per consumer thread
   pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
   Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
-  std::int32_t entry[8][kTileKeys];     // producer: block-table entries of the next tiles (slot = tile % 8)
+  std::int32_t entry[kEntrySlots][kTileKeys];  // producer: block-table entries of the next tiles (slot = tile % kEntrySlots)
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "two CTAs per SM");
@@ -143,26 +144,27 @@ __device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
 
 // ------------------------------------------------------------------ producer (warp 4)
 
-// The producer. Its first version (NOTES.md, "decode producer") looked each tile's
-// block-table entries up when it copied the tile (4 integer divisions by
-// block_size, two block-table loads each consumed at once, ~510 instructions a
-// tile) and kept one producer warp at ~1.3 µs a tile, 2.7x from HBM. Here the block index
-// and row of a lane's keys advance by 64 positions a tile without division, and the
-// block-table entries are fetched kAhead tiles before their copies, by cp.async into
-// shared memory: a register load would return only after the warp's earlier
-// cp.async data (in-order return; what the measured ~1 HBM round trip a tile
-// suggests), so now kAhead + 1 tiles stay in flight per CTA instead of about one.
-// Same bytes in the stages, so the same logits bit for bit.
+// The producer. Its first version (NOTES.md, "decode producer") looked a
+// tile's block-table entries up when it copied the tile (4 integer divisions
+// by block_size, two block-table loads each consumed at once, ~510
+// instructions a tile) and kept one producer warp at ~1.3 µs a tile, 2.7x
+// from HBM. Here the block index and row of a lane's keys advance by 64
+// positions a tile without division, and the block-table entries are fetched
+// kAhead tiles before their copies, by cp.async into shared memory: a
+// register load would return only after the warp's earlier cp.async data
+// (in-order return; what the measured ~1 HBM round trip a tile suggests), so
+// now kAhead + 1 tiles stay in flight per CTA instead of about one. Same bytes
+// in the stages, so the same logits bit for bit.
 constexpr int kAhead = 6;
 
 // Gathers the 64 keys of a tile into `stage` (codes, scales, validity masks),
-// given their blocks: key lane + 32 h is
-// row row[h] of cache block block[h] (-1: no cache row; zero-filled, never read).
+// given their blocks: key lane + 32 h is row row[h] of cache block block[h]
+// (-1: no cache row; zero-filled, never read).
 __device__ __forceinline__ void copy_tile(Smem& s, const IndexerTopkParams& p, const std::int64_t (&block)[2],
                                           const int (&row)[2], int stage, int lane) {
-  // Source of a key's 16-byte chunks: its cache row, or (zero-filled, not read) the
-  // query; the lane holding the key hands over the whole pointer, so a
-  // copy costs two shuffles and an add.
+  // Source of a key's 16-byte chunks: its cache row, or (zero-filled, not
+  // read) the query; the lane holding the key hands over the whole pointer,
+  // so a copy costs two shuffles and an add.
   const std::uint8_t* src[2];
   bool valid[2];
 #pragma unroll
@@ -206,7 +208,7 @@ __device__ __forceinline__ void advance(int& position, int& index, int& row, int
 }
 
 __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w) {
-  static_assert(kAhead < 8, "a slot is rewritten only after its tile's entries were read");
+  static_assert(kAhead < kEntrySlots, "a slot is rewritten only after its tile's entries were read");
   const int lane = threadIdx.x % 32;
   const int bs = p.block_size;
   const int step_index = kTileKeys / bs, step_row = kTileKeys % bs;  // 64 positions = step_index blocks + step_row rows
@@ -221,7 +223,9 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
       ++ar;
       Unit u;
       at = 0;
-      a_items = unit_at(w, ar, u) ? u.items : 0;
+      a_items = 0;
+      if (!unit_at(w, ar, u)) continue;
+      a_items = u.items;
       a_max_pos = u.max_pos;
       a_table = p.block_table + std::int64_t{u.request} * p.max_blocks_per_request;
 #pragma unroll
@@ -267,12 +271,12 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const bool ok = pos[h] <= u.max_pos && index[h] < p.max_blocks_per_request;  // as block_of
-        const std::int32_t e = ok ? s.entry[it % 8][lane + 32 * h] : -1;
+        const std::int32_t e = ok ? s.entry[it % kEntrySlots][lane + 32 * h] : -1;
         block[h] = e >= 0 && e < p.num_blocks ? std::int64_t{e} : -1;
         row_t[h] = row[h];
         advance(pos[h], index[h], row[h], step_index, step_row, bs);
       }
-      ahead((it + kAhead) % 8);  // slot of tile it + kAhead, last read at tile it + kAhead - 8 < it
+      ahead((it + kAhead) % kEntrySlots);  // tile it + kAhead's slot, last read at tile it + kAhead - kEntrySlots < it
       pl::wait(&s.empty[stage_of(it)], phase_of(it) ^ 1);
       copy_tile(s, p, block, row_t, stage_of(it), lane);
       pl::commit_copies();

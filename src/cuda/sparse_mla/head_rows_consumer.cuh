@@ -345,9 +345,10 @@ struct Consumer {
   // 16 bytes per thread (NOTES.md v16: 4 bytes per thread filled half a
   // sector). bf16 accumulator order: lane tq of a quad holds columns 8 j +
   // 2 tq + {0, 1} of rows row(0), row(1), j = 0..31 (o[4 j + 2 hi + {0, 1}]);
-  // a 4x4 transpose by shuffles regroups them. The shuffles need
-  // every lane, so rows past w.heads (none while heads % 16 == 0,
-  // check_params) are guarded at the stores only. Register pressure chose the
+  // a 4x4 transpose by shuffles regroups them. The shuffles need every lane,
+  // so rows past w.heads (whole warps while heads % 16 == 0, check_params; H
+  // 16 / 32 pad the item to 64 rows) take part and only their stores are
+  // skipped. Register pressure chose the
   // shape (the fp8 consumers have 208 registers; other shapes spilled up to
   // 80 bytes): bf16 packed before any shuffle, 1 / l re-read from the row
   // sums at each use, the lse after the stores.
