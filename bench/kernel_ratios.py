@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Ratio table of the sparse MLA kernel harness against the anchors of the same GPU call.
+"""Ratio tables of the sparse MLA and dense MHA kernel harnesses against the anchors of the same GPU call.
 
   bench/kernel_ratios.py HARNESS_LOG ANCHORS_JSON [--title TEXT] > table.md
 
-HARNESS_LOG is the output of bench/sparse_mla_kernel_bench.cu (its markdown rows
+HARNESS_LOG is the output of tools/bench/kernels/sparse_mla_kernel_bench.cu (its markdown rows
 "| prefill bf16 H128 S1024 T16384 | us | TFLOP/s | ... | check |" and
 "| decode fp8_ds_mla H128 B64 | ...") and of dense_mha_kernel_bench.cu ("causal S H ms
 TFLOP/s ..." lines), ANCHORS_JSON the --json output of

@@ -8,7 +8,7 @@
 #              on the tiny batches;
 #   synccheck  the same, for barrier misuse.
 # Exits non-zero when any tool reports an error or a test fails.
-# SANITIZE_GROUPS (default "backend sparse indexer") picks the groups below that run.
+# SANITIZE_GROUPS (default "backend sparse indexer"; spaces or commas) picks the groups below that run.
 #   Usage: [SANITIZE_GROUPS="sparse indexer"] scripts/gpu-sanitize.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: scripts/gpu-sanitize.sh BUILD_DIR}
@@ -32,7 +32,12 @@ run() {
   if [ $rc -ne 0 ]; then echo "gpu-sanitize: $tool on $2 failed (exit $rc)"; status=1; fi
 }
 
-want() { case " ${SANITIZE_GROUPS:-backend sparse indexer} " in *" $1 "*) return 0 ;; esac; return 1; }
+groups=${SANITIZE_GROUPS:-backend sparse indexer}; groups=${groups//,/ }
+for g in $groups; do
+  case $g in backend | sparse | indexer) ;; *) echo "gpu-sanitize: unknown group '$g' (backend, sparse, indexer)"; exit 2 ;; esac
+done
+[ -n "${groups// /}" ] || { echo "gpu-sanitize: SANITIZE_GROUPS names no group"; exit 2; }
+want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 
 small='*GpuSanitizerSmall*'
 if want backend; then

@@ -153,8 +153,9 @@ __device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
 // kAhead tiles before their copies, by cp.async into shared memory: a
 // register load would return only after the warp's earlier cp.async data
 // (in-order return; what the measured ~1 HBM round trip a tile suggests), so
-// now kAhead + 1 tiles stay in flight per CTA instead of about one. Same bytes
-// in the stages, so the same logits bit for bit.
+// now up to kAhead tiles stay in flight per CTA instead of about one (waiting
+// for tile it's entries also waits for tile it - kAhead's keys: copy groups
+// complete in order). Same bytes in the stages, so the same logits bit for bit.
 constexpr int kAhead = 6;
 
 // Gathers the 64 keys of a tile into `stage` (codes, scales, validity masks),
