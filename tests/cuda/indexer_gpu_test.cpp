@@ -530,6 +530,26 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 20;
     v.push_back(c);
   }
+  {  // Block 48 (a multiple of 4 that neither divides 64 nor is a multiple of it: the ws producer's
+     // cursor carries with both steps non-zero) and a block table narrower than the context
+     // (positions from 2400 on have no entry: not candidates), prefill rows in order.
+    TopkCase c{.name = "h64_b48_narrow_table", .heads = 64, .block_size = 48, .topk = 256, .num_blocks = 120, .max_blocks = 50};
+    c.contexts = {3000, 1500};
+    c.rows_per_request = 4;
+    c.extra_rows = {{2399, 2400, 2401, 2402, 2998, 2999}, {255, 256, 257, 258}};
+    c.holes = 2;
+    c.shuffle_rows = false;
+    c.seed = 21;
+    v.push_back(c);
+  }
+  {  // Block 96 (larger than a 64-key tile, not a multiple of it), 32 heads.
+    TopkCase c{.name = "h32_b96", .heads = 32, .block_size = 96, .topk = 128, .num_blocks = 40, .max_blocks = 22};
+    c.contexts = {2000};
+    c.rows_per_request = 8;
+    c.holes = 1;
+    c.seed = 22;
+    v.push_back(c);
+  }
   {  // A block size that is no multiple of 4 (the wgmma kernel falls back to the CUDA-core one).
     TopkCase c{.name = "h32_b10_odd", .heads = 32, .block_size = 10, .topk = 50, .num_blocks = 120, .max_blocks = 80};
     c.contexts = {777, 300};
