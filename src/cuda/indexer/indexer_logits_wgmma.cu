@@ -37,12 +37,12 @@
 // FP8 MMA adder), so logits differ from the CUDA-core kernel's by ~1e-4 of the
 // sum of |terms|. Identical keys still give bit-identical logits (exact ties).
 #include <string>
-#include <type_traits>
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/logits_mma.cuh"
 #include "dsmla/types.hpp"
 
 namespace dsmla::cuda::indexer {
@@ -66,12 +66,6 @@ struct Smem {
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kSmemBytes <= 48 * 1024, "no shared-memory opt-in needed");
 
-template <int kRows>
-using MmaFor = std::conditional_t<kRows == 1, wgmma::gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>,
-                                  wgmma::gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>>;
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a [rows][128 B] swizzled tile.
-__device__ __forceinline__ int sw(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
 // The logits of kRows (1 or 2) rows of one request over this CTA's tiles
 // tile0 .. tile0 + kTilesPerCta - 1: rows[r] writes to out[r] (its workspace row).
@@ -147,13 +141,7 @@ __device__ __forceinline__ void run_job(Smem& s, const IndexerTopkParams& p, con
     // S^T (64 keys x kN query heads) = K Q^T, fp32.
     float acc[kN / 2];
     const std::uint32_t k_addr = pipeline::smem_addr(s.k[b]);
-    wgmma::fence_operands(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 32; ++ks)
-      wgmma::mma_ss<MmaFor<kRows>>(wgmma::desc_k_major(k_addr + 32 * ks), wgmma::desc_k_major(q_addr + 32 * ks), acc,
-                                   ks > 0);
-    wgmma::commit();
+    issue_logits_mma<kN>(acc, k_addr, q_addr);
     wgmma::wait<0>();
     wgmma::fence_operands(acc);
 

@@ -44,13 +44,13 @@
 #include <climits>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/logits_mma.cuh"
 #include "dsmla/types.hpp"
 
 namespace dsmla::cuda::indexer {
@@ -97,12 +97,6 @@ struct Smem {
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "two CTAs per SM");
 
-template <int kN>
-using MmaFor = std::conditional_t<kN == 64, wgmma::gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>,
-                                  wgmma::gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>>;
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a [rows][128 B] swizzled tile.
-__device__ __forceinline__ int sw(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
 template <class T>
 __device__ __forceinline__ T pick(const T (&a)[kRows], int i) {
@@ -299,17 +293,6 @@ struct Lane {
 // before the producer's next writes of the stage only through its own arrival.
 __device__ __forceinline__ void release(Smem& s, int stage, const Lane&) { pl::arrive(&s.empty[stage]); }
 
-template <int kN>
-__device__ __forceinline__ void issue(float (&acc)[kN / 2], std::uint32_t k_addr, std::uint32_t q_addr) {
-  wgmma::fence_operands(acc);
-  wgmma::fence();
-#pragma unroll
-  for (int ks = 0; ks < kHeadDim / 32; ++ks)
-    wgmma::mma_ss<MmaFor<kN>>(wgmma::desc_k_major(k_addr + 32 * ks), wgmma::desc_k_major(q_addr + 32 * ks), acc,
-                              ks > 0);
-  wgmma::commit();
-}
-
 // sum_{heads of the thread} w relu(S) for the thread's two keys (h = 0: key 16 warp + lane/4,
 // h = 1: + 8) of one row: columns 8 jj + 2 q + f of the accumulator block starting at j0.
 template <int kN>
@@ -399,9 +382,9 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int&
     const bool two = t + 1 < n;
     const int i0 = it + t, i1 = two ? i0 + 1 : i0;
     wait_full(c, i0);
-    issue<kN>(a, c.k_addr + stage_of(i0) * kTileBytes, q);
+    issue_logits_mma<kN>(a, c.k_addr + stage_of(i0) * kTileBytes, q);
     wait_full(c, i1);
-    issue<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
+    issue_logits_mma<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
     finish<kN>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, c.L);
@@ -424,8 +407,8 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx& c, const Unit& u, int&
   for (int t = 0; t < n; ++t) {
     const int i = it + t, base = (c.w.tile0 + t) * kTileKeys;
     wait_full(c, i);
-    issue<128>(a, c.k_addr + stage_of(i) * kTileBytes, q0);
-    issue<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
+    issue_logits_mma<128>(a, c.k_addr + stage_of(i) * kTileBytes, q0);
+    issue_logits_mma<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
     finish<128>(c.s, a, stage_of(i), false, base, 0, c.L);

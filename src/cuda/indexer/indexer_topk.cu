@@ -14,7 +14,7 @@
 // dot, then acc += w[h] * relu(dot); logit = acc * scale[key]. fp32 accumulation
 // in a fixed order, identical for every key, so duplicate keys tie exactly.
 //
-// Top-k: one 1024-thread CTA per row, topk_select.cuh.
+// Top-k: one 1024-thread CTA per row (topk_kernel; its passes in topk_select.cuh).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -114,6 +114,35 @@ __global__ void __launch_bounds__(kLogitThreads)
   }
   if (quarter == 0 && position <= row.pos)
     keys[std::int64_t{local_row} * stride + position] = candidate ? logit_key(acc * scale) : kNotCandidate;
+}
+
+// ------------------------------------------------------------------ top-k
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
+  __shared__ TopkShared sh;
+
+  const IndexerRow row = p.rows[row_begin + blockIdx.x];
+  if (!row_is_valid(row, p)) return;  // block-uniform
+  const int topk = p.topk;
+  const int n = row.pos + 1;  // candidate positions 0..pos
+  const bool shortcut = n <= topk;
+  std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
+  const RowKeys row_keys{&p, shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride, row.request, n};
+
+  std::uint32_t selected = 0;
+  if (shortcut) {  // every candidate: key 1 > 0
+    selected = compact(row_keys, kNotCandidate, 0u, sh, out, topk);
+  } else {
+    RadixState st{0u, 0u, static_cast<std::uint32_t>(topk)};
+    radix_pass(row_keys, 21, 0x7ffu, st, sh);
+    radix_pass(row_keys, 10, 0x7ffu, st, sh);
+    radix_pass(row_keys, 0, 0x3ffu, st, sh);
+    const std::uint32_t threshold = st.prefix;
+    // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
+    const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
+    selected = compact(row_keys, threshold, need_eq, sh, out, topk);
+  }
+  for (std::uint32_t i = selected + threadIdx.x; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
 }
 
 // ------------------------------------------------------------------ host side

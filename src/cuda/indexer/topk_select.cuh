@@ -1,5 +1,5 @@
-// The indexer's top-k kernel (one 1024-thread CTA per row; included by
-// indexer_topk.cu, which launches it). See NOTES.md, "Top-k".
+// The indexer's top-k selection (one 1024-thread CTA per row; the kernel,
+// topk_kernel, is in indexer_topk.cu). See NOTES.md, "Top-k".
 //
 // Three radix passes (11, 11, 10 bits, most significant first) over the row's
 // order-preserving keys find the exact key T of the k-th largest and need_eq,
@@ -63,7 +63,7 @@ struct TopkShared {
 // The radix selection's state: `remaining` (>= 1) of the keys whose bits under
 // `mask` equal `prefix` still have to be taken, and at least that many match.
 struct RadixState {
-  std::uint32_t prefix = 0, mask = 0, remaining;
+  std::uint32_t prefix, mask, remaining;
 };
 
 // One radix pass over `keys`: the digit at `shift` of the k-th largest key.
@@ -86,8 +86,8 @@ __device__ __forceinline__ void radix_pass(const RowKeys& keys, int shift, std::
   __syncthreads();
   // Bins in descending order, two per thread: item i is bin kBins - 1 - i.
   std::uint32_t c[2], above[2], total = 0;
-  c[0] = sh.hist[kBins - 1 - 2 * threadIdx.x];
-  c[1] = sh.hist[kBins - 2 - 2 * threadIdx.x];
+  c[0] = sh.hist[kBins - 1 - 2 * tid];
+  c[1] = sh.hist[kBins - 2 - 2 * tid];
   TopkScan(sh.scan).ExclusiveSum(c, above, total);
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -102,13 +102,13 @@ __device__ __forceinline__ void radix_pass(const RowKeys& keys, int shift, std::
   __syncthreads();  // everyone has read the results; hist and scan are reused
 }
 
-// Compaction in position order: out[slot] = position for every key > gt (slot =
-// # such keys before it + min(# keys == eq before it, need_eq)) and for the
-// need_eq first keys == eq, slots below topk only. The next step's keys are
-// loaded before this step's scan (their latency hides behind it). Returns the
-// number of keys selected.
-__device__ __forceinline__ std::uint32_t compact(const RowKeys& keys, std::uint32_t gt, std::uint32_t eq,
-                                                std::uint32_t need_eq, TopkShared& sh, std::int32_t* out, int topk) {
+// Compaction in position order: out[slot] = position for every key > threshold
+// (slot = # such keys before it + min(# keys == threshold before it, need_eq))
+// and for the need_eq first keys == threshold, slots below topk only. The next
+// step's keys are loaded before this step's scan (their latency hides behind
+// it). Returns the number of keys selected.
+__device__ __forceinline__ std::uint32_t compact(const RowKeys& keys, std::uint32_t threshold, std::uint32_t need_eq,
+                                                TopkShared& sh, std::int32_t* out, int topk) {
   std::uint32_t gt_before = 0, eq_before = 0;  // block-uniform running totals
   std::uint32_t k[kItems];
   keys.load(kItems * threadIdx.x, k);
@@ -118,8 +118,8 @@ __device__ __forceinline__ std::uint32_t compact(const RowKeys& keys, std::uint3
     keys.load(base + kChunk, next);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const std::uint32_t is_gt = k[j] > gt ? 1u : 0u;
-      const std::uint32_t is_eq = (need_eq > 0 && k[j] == eq) ? 1u : 0u;
+      const std::uint32_t is_gt = k[j] > threshold ? 1u : 0u;
+      const std::uint32_t is_eq = (need_eq > 0 && k[j] == threshold) ? 1u : 0u;
       flags[j] = is_gt | (is_eq << 16);
     }
     TopkScan(sh.scan).ExclusiveSum(flags, excl, aggregate);
@@ -139,35 +139,6 @@ __device__ __forceinline__ std::uint32_t compact(const RowKeys& keys, std::uint3
     __syncthreads();  // scan storage is reused
   }
   return gt_before + min(eq_before, need_eq);
-}
-
-__global__ void __launch_bounds__(kTopkThreads)
-    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
-  __shared__ TopkShared sh;
-
-  const IndexerRow row = p.rows[row_begin + blockIdx.x];
-  if (!row_is_valid(row, p)) return;  // block-uniform
-  const int topk = p.topk;
-  const int n = row.pos + 1;  // candidate positions 0..pos
-  const bool shortcut = n <= topk;
-  std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
-  const RowKeys row_keys{&p, shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride, row.request, n};
-
-  std::uint32_t selected = 0;
-  if (shortcut) {  // every candidate: key 1 > 0
-    selected = compact(row_keys, kNotCandidate, kNotCandidate, 0u, sh, out, topk);
-  } else {
-    RadixState st;
-    st.remaining = static_cast<std::uint32_t>(topk);
-    radix_pass(row_keys, 21, 0x7ffu, st, sh);
-    radix_pass(row_keys, 10, 0x7ffu, st, sh);
-    radix_pass(row_keys, 0, 0x3ffu, st, sh);
-    const std::uint32_t threshold = st.prefix;
-    // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
-    const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
-    selected = compact(row_keys, threshold, threshold, need_eq, sh, out, topk);
-  }
-  for (std::uint32_t i = selected + threadIdx.x; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
 }
 
 }  // namespace dsmla::cuda::indexer
