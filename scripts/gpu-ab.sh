@@ -8,6 +8,7 @@
 # "=== variant" header) and ratios_ab.md (each variant's sparse and dense
 # rows against the anchors.json of the same call, bench/kernel_ratios.py).
 # SPARSE_CASE (e.g. "bf16 H128"): the sparse harness runs only the cases whose name contains it.
+# INDEXER_ARGS: extra indexer harness arguments (e.g. "--no-check" for a diagnostic build, "--case prefill").
 # Usage: scripts/gpu-ab.sh [--only sparse,dense,indexer] VARIANT [VARIANT...]
 #   e.g. scripts/gpu-ab.sh --only dense "-DMY_SWITCH=1" "-DMY_SWITCH=1 -DOTHER=0"
 set -uo pipefail
@@ -59,7 +60,7 @@ for flags in "$@"; do
   rm -f "$rates"
   if has indexer; then
     echo "== indexer kernel harness" >>"$out/harness_ab.log"
-    timeout 150 $b/indexer_kernel_bench --kernel wgmma_ws >"$log" 2>&1 || { status=1; echo "INDEXER HARNESS FAILED"; }
+    timeout 150 $b/indexer_kernel_bench --kernel wgmma_ws ${INDEXER_ARGS:-} >"$log" 2>&1 || { status=1; echo "INDEXER HARNESS FAILED"; }
     cat "$log" >>"$out/harness_ab.log"; grep -E "^\||fail|mismatch" "$log" | head -20
   fi
 done

@@ -672,5 +672,26 @@ TEST(IndexerSchedule, RowsAndFillCountsFollowThePlan) {
             std::string::npos);
 }
 
+// Host code: the logits kernel's CTA length (H200: 132 SMs x 2 CTAs = 264 slots).
+TEST(IndexerSchedule, TilesPerCtaKeepLongCtasUnlessTheGpuWouldIdle) {
+  constexpr int kSlots = 264;
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(4096, 256, kSlots), 32);  // prefill 16K: many quads
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(2048, 128, kSlots), 32);  // prefill 8K
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(16, 1024, kSlots), 32);   // decode 64 x 64K: 512 CTAs, 2 waves either way
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(4, 1024, kSlots), 16);    // decode 16 x 64K: 256 CTAs, one wave
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(1, 1024, kSlots), 4);     // decode 1 x 64K: 256 CTAs of 4 tiles
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(16, 64, kSlots), 4);      // decode 64 x 4K
+  // The critical path never grows by the choice: compare with every candidate.
+  for (std::int64_t quads : {1, 3, 16, 100, 700, 5000})
+    for (int tiles : {1, 5, 64, 300, 1024, 16384}) {
+      const int t = cuda::indexer_ws_tiles_per_cta(quads, tiles, kSlots);
+      ASSERT_TRUE(t == 4 || t == 8 || t == 16 || t == 32) << t;
+      const auto path = [&](int c) { return ((quads * ((tiles + c - 1) / c) + kSlots - 1) / kSlots) * c; };
+      for (int c : {4, 8, 16, 32}) EXPECT_LE(path(t), path(c) / 0.9 + 1e-9) << quads << " quads, " << tiles << " tiles";
+    }
+  EXPECT_NE(test::error_of([] { (void)cuda::indexer_ws_tiles_per_cta(0, 10, kSlots); }).find("quads 0"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace dsmla

@@ -50,6 +50,7 @@
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/indexer_schedule.hpp"
 #include "cuda/indexer/logits_mma.cuh"
 #include "dsmla/types.hpp"
 
@@ -70,6 +71,11 @@ constexpr int kRows = 4;                           // rows per CTA
 constexpr int kStages = 8;
 constexpr int kMaxTilesPerCta = 32;
 constexpr int kEntrySlots = 8;  // the producer's block-table lookahead ring (kAhead < kEntrySlots tiles)
+// A thread's 16 weights of a row, padded from 16 to 20 floats per lane % 4: the
+// quarter-warp of an LDS.128 (lanes with lane % 4 = 0..3) then reads 4 distinct
+// 16-byte words in distinct banks (stride 16: lanes 0 and 2 collide, twice the
+// wavefronts; ncu showed the weight loads as half of all shared-memory wavefronts).
+constexpr int kWeightStride = 20;
 static_assert(kMaxHeads == 64, "a row's query is 64 B-operand rows");
 static_assert(kTileKeys == kRowAlign, "a CTA's tiles lie within the padded row");
 
@@ -87,7 +93,7 @@ struct Smem {
   std::uint8_t k[kStages][kTileBytes];  // 1024-aligned
   float scale[kStages][kTileKeys];
   std::uint32_t valid[kStages][2];      // bit i of word h: key 32 h + i has a cache row
-  float w[kRows][4][16];                // [row][lane % 4][2 jj + f] = weight of head 8 jj + 2 (lane % 4) + f
+  float w[kRows][4][kWeightStride];     // [row][lane % 4][2 jj + f] = weight of head 8 jj + 2 (lane % 4) + f
   pl::Mbarrier full[kStages];           // 32 cp.async arrivals + 32 plain arrivals of the producer
   pl::Mbarrier empty[kStages];          // one arrival per consumer thread
   pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
@@ -162,21 +168,32 @@ __device__ __forceinline__ void copy_tile(Smem& s, const IndexerTopkParams& p, c
   // so a copy costs two shuffles and an add.
   const std::uint8_t* src[2];
   bool valid[2];
+  const std::uint8_t* scale_src[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int key = lane + 32 * h;
     valid[h] = block[h] >= 0;
     const std::uint8_t* block_base = p.index_cache + (valid[h] ? block[h] : 0) * cache_block_bytes(p);
     src[h] = valid[h] ? block_base + std::int64_t{row[h]} * kRowBytes : p.index_q;
-    const std::uint8_t* scale_src =
-        valid[h] ? block_base + std::int64_t{p.block_size} * kRowBytes + 4 * row[h] : p.index_q;
-    pl::copy_4(&s.scale[stage][key], scale_src, valid[h]);
+    scale_src[h] = valid[h] ? block_base + std::int64_t{p.block_size} * kRowBytes + 4 * row[h] : p.index_q;
   }
   const std::uint32_t mask0 = __ballot_sync(0xffffffffu, valid[0]);
   const std::uint32_t mask1 = __ballot_sync(0xffffffffu, valid[1]);
   if (lane == 0) {
     s.valid[stage][0] = mask0;
     s.valid[stage][1] = mask1;
+  }
+  // Scales, 16 bytes a copy: keys 4 l .. 4 l + 3 (lane l < 16) sit in one cache block at
+  // rows 4 m .. 4 m + 3 (tiles start at multiples of 64 and block_size % 4 == 0), so
+  // their scales are one aligned 16-byte word of the block (in bounds even where a
+  // later key of the four is past the row's end: masked by the validity bits). A
+  // 4-byte cp.async costs 32 shared-memory wavefronts, a 16-byte one over 16 lanes 2.
+  {
+    const int key = 4 * (lane & 15), from = key & 31;
+    // Both halves are shuffled: the sending lane cannot know which one the receiver needs.
+    const auto lo = __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(scale_src[0]), from);
+    const auto hi = __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(scale_src[1]), from);
+    const bool v = (((key < 32 ? mask0 : mask1) >> from) & 1u) != 0;
+    if (lane < 16) pl::copy_16(&s.scale[stage][key], reinterpret_cast<const std::uint8_t*>(key < 32 ? lo : hi), v);
   }
   const int chunk = lane & 7;
 #pragma unroll
@@ -327,6 +344,7 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
                                        int first, const Lane& L) {
   const int key = L.key();
   const float* w16 = &s.w[first][L.q][0];
+  const float* w16_next = &s.w[kN == 128 ? first + 1 : first][L.q][0];  // the pair's second row
   const float scale = s.scale[stage][key];
   const bool valid = ((s.valid[stage][key >> 5] >> (key & 31)) & 1u) != 0;
   if (release_stage) release(s, stage, L);
@@ -334,7 +352,7 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
   if constexpr (kN == 128) {
     float s00, s10, s01, s11;  // s<key h><row i>
     row_sums<kN>(acc, 0, w16, s00, s10);
-    row_sums<kN>(acc, 8, w16 + 64, s01, s11);
+    row_sums<kN>(acc, 8, w16_next, s01, s11);
     // Step 1 (xor 1): keep key h == b1 of both rows. Step 2 (xor 2): keep row i == b2.
     float keep0 = L.b1 ? s10 : s00, send0 = L.b1 ? s00 : s10;
     float keep1 = L.b1 ? s11 : s01, send1 = L.b1 ? s01 : s11;
@@ -528,11 +546,10 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
                             cudaStream_t stream) {
   const int tiles = stride / kTileKeys;
   const std::int64_t quads = (row_count + kRows - 1) / kRows;
-  // Tiles per CTA: as many as keep >= 8 waves of CTAs (upper bound: every quad at
-  // max_pos), down to 4; long CTAs amortise the query load (32 KB against 8 KB a tile).
-  const std::int64_t want = std::int64_t{8} * kCtasPerSm * multiprocessor_count();
-  int tiles_per_cta = kMaxTilesPerCta;
-  while (tiles_per_cta > 4 && quads * ((tiles + tiles_per_cta - 1) / tiles_per_cta) < want) tiles_per_cta /= 2;
+  // Long CTAs amortise the query load (32 KB against 8 KB a tile); shorter ones
+  // where few long rows would leave SMs idle (host rule, indexer_schedule.cpp).
+  int tiles_per_cta = indexer_ws_tiles_per_cta(quads, tiles, kCtasPerSm * multiprocessor_count());
+  static_assert(kMaxTilesPerCta == 32, "indexer_ws_tiles_per_cta picks at most 32");
   // Tests force long CTAs on small problems with DSMLA_INDEXER_WS_TILES_PER_CTA (1..32).
   if (const char* env = std::getenv("DSMLA_INDEXER_WS_TILES_PER_CTA")) {
     const int forced = std::atoi(env);

@@ -19,4 +19,18 @@ IndexerHostSchedule make_indexer_schedule(const Plan& plan) {
   return s;
 }
 
+int indexer_ws_tiles_per_cta(std::int64_t quads, int tiles_per_row, int cta_slots) {
+  if (quads < 1 || tiles_per_row < 1 || cta_slots < 1)
+    throw Error("indexer tiles per CTA: quads " + std::to_string(quads) + ", tiles per row " +
+                std::to_string(tiles_per_row) + ", CTA slots " + std::to_string(cta_slots) + " (each must be > 0)");
+  const auto path = [&](int tiles_per_cta) {
+    const std::int64_t ctas = quads * ((tiles_per_row + tiles_per_cta - 1) / tiles_per_cta);
+    return static_cast<double>((ctas + cta_slots - 1) / cta_slots) * tiles_per_cta;
+  };
+  int best = 32;
+  for (int t = 16; t >= 4; t /= 2)
+    if (path(t) < 0.9 * path(best)) best = t;
+  return best;
+}
+
 }  // namespace dsmla::cuda
