@@ -5,9 +5,9 @@
 //   build/indexer_kernel_bench [--quick] [--kernel all|both|NAME[,NAME...]] [--case TEXT] [--no-check]
 //
 // --case TEXT: only the cases whose name contains TEXT (e.g. "prefill S=16384",
-// for a profiler). --no-check: skip the spot checks and time anyway (for
-// diagnostic builds that leave a stage of a kernel out on purpose; the check
-// column then says "unchecked").
+// for a profiler). --no-check: time without the float64 spot checks (A/B
+// variants of scripts/gpu-ab.sh, profiler runs, sweeps of an environment
+// switch); the check column then says "unchecked".
 // Kernels: cuda_core, wgmma, wgmma_ws (NOTES.md); `all` (default) runs the three,
 // `both` cuda_core and wgmma.
 //
