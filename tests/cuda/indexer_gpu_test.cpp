@@ -8,7 +8,7 @@
 //    whose logits lie within the fp32 tolerance of the k-th largest; within every
 //    group of exactly tied logits (duplicate keys) the selected positions must be
 //    the lowest ones. Every IndexerTopk case runs every logits kernel
-//    (cuda_core, wgmma, wgmma_ws).
+//    (cuda_core, wgmma, wgmma_ws, wgmma_ws_regs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -564,7 +564,8 @@ std::vector<TopkCase> topk_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerTopkTest,
                          ::testing::Combine(::testing::ValuesIn(topk_cases()),
                                             ::testing::Values(IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma,
-                                                              IndexerLogitsKernel::wgmma_ws)),
+                                                              IndexerLogitsKernel::wgmma_ws,
+                                                              IndexerLogitsKernel::wgmma_ws_regs)),
                          [](const auto& info) {
                            return std::get<0>(info.param).name + "_" + cuda::to_string(std::get<1>(info.param));
                          });
@@ -574,8 +575,8 @@ TEST(IndexerTopk, GraphReplayMatchesDirectLaunch) {
   DSMLA_SKIP_WITHOUT_GPU();
   const TopkCase c = topk_cases()[0];
   const TopkProblem pb = make_problem(c);
-  for (IndexerLogitsKernel kernel :
-       {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws}) {
+  for (IndexerLogitsKernel kernel : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma,
+                                     IndexerLogitsKernel::wgmma_ws, IndexerLogitsKernel::wgmma_ws_regs}) {
     DeviceProblem dev(c, pb);
     cuda::launch_indexer_topk(dev.params, kernel, nullptr);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -622,6 +623,7 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
           c.name == "h64_b64_mixed") {
         SCOPED_TRACE(c.name + " tiles per CTA " + tiles);
         check_case(c, IndexerLogitsKernel::wgmma_ws);
+        check_case(c, IndexerLogitsKernel::wgmma_ws_regs);
       }
   }
 }

@@ -8,7 +8,7 @@
 // for a profiler). --no-check: time without the float64 spot checks (A/B
 // variants of scripts/gpu-ab.sh, profiler runs, sweeps of an environment
 // switch); the check column then says "unchecked".
-// Kernels: cuda_core, wgmma, wgmma_ws (NOTES.md); `all` (default) runs the three,
+// Kernels: cuda_core, wgmma, wgmma_ws, wgmma_ws_regs (NOTES.md); `all` (default) runs the four,
 // `both` cuda_core and wgmma.
 //
 // Cases (NOTES.md): 64 heads x 128, block size 64, topk 2048.
@@ -163,20 +163,21 @@ int run(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-check")) check_rows = false;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--kernel all|both|NAME[,NAME...]] (cuda_core, wgmma, wgmma_ws) [--case TEXT] "
+                   "usage: %s [--quick] [--kernel all|both|NAME[,NAME...]] (cuda_core, wgmma, wgmma_ws, wgmma_ws_regs) [--case TEXT] "
                    "[--no-check]\n",
                    argv[0]);
       return 2;
     }
   }
-  if (which == "all") which = "cuda_core,wgmma,wgmma_ws";
+  if (which == "all") which = "cuda_core,wgmma,wgmma_ws,wgmma_ws_regs";
   if (which == "both") which = "cuda_core,wgmma";
   std::vector<IndexerLogitsKernel> kernels;
   for (std::size_t start = 0; start <= which.size();) {
     const std::size_t end = std::min(which.find(',', start), which.size());
     const std::string name = which.substr(start, end - start);
     bool known = false;
-    for (IndexerLogitsKernel k : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws})
+    for (IndexerLogitsKernel k : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws,
+                                  IndexerLogitsKernel::wgmma_ws_regs})
       if (name == dsmla::cuda::to_string(k)) {
         kernels.push_back(k);
         known = true;
