@@ -628,6 +628,37 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
   }
 }
 
+// wgmma_ws_regs only moves the weights from shared memory into registers: the same
+// products summed in the same order, so its logit keys (the workspace after the
+// last chunk) and its selections must equal wgmma_ws's bit for bit, not just agree
+// with the reference within the tolerance.
+TEST(IndexerTopk, WgmmaWsRegsBitIdenticalToWgmmaWs) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  int compared = 0;
+  for (const TopkCase& c : topk_cases()) {
+    if (c.block_size % 4 != 0) continue;  // both fall back to cuda_core
+    const TopkProblem pb = make_problem(c);
+    DeviceProblem dev(c, pb);
+    if (dev.params.workspace == nullptr) continue;  // every row takes the shortcut
+    std::vector<std::uint8_t> keys[2];
+    std::vector<std::int32_t> selected[2];
+    const IndexerLogitsKernel kernels[2] = {IndexerLogitsKernel::wgmma_ws, IndexerLogitsKernel::wgmma_ws_regs};
+    for (int k = 0; k < 2; ++k) {
+      DSMLA_CUDA_CHECK(cudaMemset(dev.ws.data(), 0xA5, dev.ws.bytes()));
+      cuda::launch_indexer_logits_only(dev.params, kernels[k], nullptr);
+      DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      keys[k] = dev.ws.download();
+      cuda::launch_indexer_topk(dev.params, kernels[k], nullptr);
+      DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      selected[k] = dev.out.download();
+    }
+    EXPECT_TRUE(keys[0] == keys[1]) << c.name << ": logit keys differ";
+    EXPECT_TRUE(selected[0] == selected[1]) << c.name << ": selections differ";
+    ++compared;
+  }
+  EXPECT_GT(compared, 5);
+}
+
 TEST(IndexerTopk, RejectsShapesOutsideTheEnvelope) {
   DSMLA_SKIP_WITHOUT_GPU();
   EXPECT_NE(test::error_of([] { (void)cuda::indexer_workspace_bytes(4, 1 << 20, 64, 2048); }).find("max_pos 1048576"),

@@ -8,7 +8,8 @@
 // for a profiler). --no-check: time without the float64 spot checks (A/B
 // variants of scripts/gpu-ab.sh, profiler runs, sweeps of an environment
 // switch); the check column then says "unchecked".
-// Kernels: cuda_core, wgmma, wgmma_ws, wgmma_ws_regs (NOTES.md); `all` (default) runs the four,
+// Kernels: cuda_core, wgmma, wgmma_ws, wgmma_ws_regs (NOTES.md); `all` (default) runs the first three
+// (wgmma_ws_regs, not yet run on a GPU, only when named),
 // `both` cuda_core and wgmma.
 //
 // Cases (NOTES.md): 64 heads x 128, block size 64, topk 2048.
@@ -169,7 +170,7 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  if (which == "all") which = "cuda_core,wgmma,wgmma_ws,wgmma_ws_regs";
+  if (which == "all") which = "cuda_core,wgmma,wgmma_ws";
   if (which == "both") which = "cuda_core,wgmma";
   std::vector<IndexerLogitsKernel> kernels;
   for (std::size_t start = 0; start <= which.size();) {
