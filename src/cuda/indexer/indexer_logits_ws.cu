@@ -67,20 +67,22 @@ namespace {
 
 namespace pl = pipeline;
 
-constexpr int kConsumerThreads = 128;  // one warpgroup
-constexpr int kProducerThreads = 32;   // the producing warp (warp 4)
+constexpr int kCtasPerSm = 2;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kConsumerThreads = kWarpgroupThreads;  // one warpgroup
+constexpr int kProducerThreads = 32;                 // the producing warp (warp 4)
 // Threads of a CTA: the producer alone (kRegWeights = false), or its whole
 // warpgroup (true: setmaxnreg works per warpgroup; warps 5-7 only wait).
 template <bool kRegWeights>
-constexpr int kThreads = kConsumerThreads + (kRegWeights ? 128 : kProducerThreads);
+constexpr int kThreads = kConsumerThreads + (kRegWeights ? kWarpgroupThreads : kProducerThreads);
 // Registers with kRegWeights after setmaxnreg: the launch gives 65536 / (2 CTAs x
 // 256 threads) = 128 each; the producer warpgroup keeps 48 and the consumers take
 // 208, enough for a quad's two 64-float accumulators and its 64 weights.
 constexpr int kConsumerRegs = 208;
 constexpr int kProducerRegs = 48;
-static_assert(kConsumerThreads * kConsumerRegs + 128 * kProducerRegs <= kThreads<true> * 128,
+static_assert(kConsumerThreads * kConsumerRegs + kWarpgroupThreads * kProducerRegs <=
+                  kThreads<true> * (65536 / (kCtasPerSm * kThreads<true>)),
               "the registers the launch gives a CTA");
-constexpr int kCtasPerSm = 2;
 constexpr int kTileKeys = 64;
 constexpr int kRowBytes = kHeadDim;                // one key / head: one 128-byte swizzle row
 constexpr int kTileBytes = kTileKeys * kRowBytes;  // 8192
@@ -330,10 +332,11 @@ __device__ __forceinline__ void release(Smem& s, int stage, const Lane&) { pl::a
 
 // sum_{heads of the thread} w relu(S) for the thread's two keys (h = 0: key 16 warp + lane/4,
 // h = 1: + 8) of one row: columns 8 jj + 2 q + f of the accumulator block starting at j0.
+// wv4: the thread's 16 weights of the row as 4 x float4, in shared memory (read here) or
+// in registers (RegWeights::v, kRegWeights).
 template <int kN>
-__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const float* w16, float& s0,
+__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const float4* wv4, float& s0,
                                          float& s1) {
-  const float4* wv4 = reinterpret_cast<const float4*>(w16);
   s0 = 0.f;
   s1 = 0.f;
 #pragma unroll
@@ -352,39 +355,19 @@ __device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, con
   }
 }
 
-// A thread's 16 weights of a row in registers (kRegWeights): v[2 jj + f] = weight of
-// head 8 jj + 2 (lane % 4) + f.
+// A thread's 16 weights of a row held in registers (kRegWeights), as in Smem::w.
 struct RegWeights {
-  float v[16];
+  float4 v[4];
 };
 
-// The same sums from registers.
-template <int kN>
-__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const RegWeights& w, float& s0,
-                                         float& s1) {
-  s0 = 0.f;
-  s1 = 0.f;
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-    for (int f = 0; f < 2; ++f) {
-      s0 = fmaf(w.v[2 * jj + f], fmaxf(acc[4 * (j0 + jj) + f], 0.f), s0);
-      s1 = fmaf(w.v[2 * jj + f], fmaxf(acc[4 * (j0 + jj) + 2 + f], 0.f), s1);
-    }
-  }
+__device__ __forceinline__ const float4* smem_weights(const Smem& s, int row, int q) {
+  return reinterpret_cast<const float4*>(&s.w[row][q][0]);
 }
 
 __device__ __forceinline__ RegWeights load_weights(const Smem& s, int row, int q) {
-  const float4* src = reinterpret_cast<const float4*>(&s.w[row][q][0]);
   RegWeights w;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 x = src[i];
-    w.v[4 * i] = x.x;
-    w.v[4 * i + 1] = x.y;
-    w.v[4 * i + 2] = x.z;
-    w.v[4 * i + 3] = x.w;
-  }
+  for (int i = 0; i < 4; ++i) w.v[i] = smem_weights(s, row, q)[i];
   return w;
 }
 
@@ -400,8 +383,8 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
                                        int first, const RegWeights (&w)[2], const Lane& L) {
   const int key = L.key();
   const auto weights = [&](int i) {
-    if constexpr (kRegWeights) return w[i];
-    else return &s.w[kN == 128 ? first + i : first][L.q][0];  // row first + 1: the pair's second row
+    if constexpr (kRegWeights) return w[i].v;
+    else return smem_weights(s, kN == 128 ? first + i : first, L.q);  // row first + 1: the pair's second row
   };
   const float scale = s.scale[stage][key];
   const bool valid = ((s.valid[stage][key >> 5] >> (key & 31)) & 1u) != 0;
