@@ -58,9 +58,7 @@ __device__ __forceinline__ std::int64_t cache_block_bytes(const IndexerTopkParam
 void launch_logits_wgmma(const IndexerTopkParams& p, int row_begin, int row_count, int stride, std::uint32_t* keys,
                          cudaStream_t stream);
 // The same, warp-specialised (indexer_logits_ws.cu). Needs block_size % 4 == 0.
-// reg_weights: the variant with a producer warpgroup and setmaxnreg that keeps the
-// weights in the consumers' registers (IndexerLogitsKernel::wgmma_ws_regs).
 void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_count, int stride,
-                            std::uint32_t* keys, bool reg_weights, cudaStream_t stream);
+                            std::uint32_t* keys, cudaStream_t stream);
 
 }  // namespace dsmla::cuda::indexer

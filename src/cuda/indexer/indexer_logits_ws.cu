@@ -41,17 +41,9 @@
 //
 // Exactness: as the wgmma kernel (FP8 MMA accumulation of reduced precision;
 // tolerance 5e-4 of the sum of |terms| in the tests).
-//
-// Two instantiations (kRegWeights): false is wgmma_ws as described; true
-// (wgmma_ws_regs, opt-in) makes the producer a whole warpgroup so that setmaxnreg
-// can move registers to the consumers, which then hold their rows' weights in
-// registers instead of reading 16 x 16 bytes of shared memory per thread and tile.
-// Same arithmetic in the same order, so the same logits bit for bit.
 #include <climits>
 #include <cstdlib>
 #include <string>
-
-#include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/launch.hpp"
@@ -67,22 +59,10 @@ namespace {
 
 namespace pl = pipeline;
 
+constexpr int kConsumerThreads = 128;  // one warpgroup
+constexpr int kProducerThreads = 32;   // one warp
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kCtasPerSm = 2;
-constexpr int kWarpgroupThreads = 128;
-constexpr int kConsumerThreads = kWarpgroupThreads;  // one warpgroup
-constexpr int kProducerThreads = 32;                 // the producing warp (warp 4)
-// Threads of a CTA: the producer alone (kRegWeights = false), or its whole
-// warpgroup (true: setmaxnreg works per warpgroup; warps 5-7 only wait).
-template <bool kRegWeights>
-constexpr int kThreads = kConsumerThreads + (kRegWeights ? kWarpgroupThreads : kProducerThreads);
-// Registers with kRegWeights after setmaxnreg: the launch gives 65536 / (2 CTAs x
-// 256 threads) = 128 each; the producer warpgroup keeps 48 and the consumers take
-// 208, enough for a quad's two 64-float accumulators and its 64 weights.
-constexpr int kConsumerRegs = 208;
-constexpr int kProducerRegs = 48;
-static_assert(kConsumerThreads * kConsumerRegs + kWarpgroupThreads * kProducerRegs <=
-                  kThreads<true> * (65536 / (kCtasPerSm * kThreads<true>)),
-              "the registers the launch gives a CTA");
 constexpr int kTileKeys = 64;
 constexpr int kRowBytes = kHeadDim;                // one key / head: one 128-byte swizzle row
 constexpr int kTileBytes = kTileKeys * kRowBytes;  // 8192
@@ -332,11 +312,10 @@ __device__ __forceinline__ void release(Smem& s, int stage, const Lane&) { pl::a
 
 // sum_{heads of the thread} w relu(S) for the thread's two keys (h = 0: key 16 warp + lane/4,
 // h = 1: + 8) of one row: columns 8 jj + 2 q + f of the accumulator block starting at j0.
-// wv4: the thread's 16 weights of the row as 4 x float4, in shared memory (read here) or
-// in registers (RegWeights::v, kRegWeights).
 template <int kN>
-__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const float4* wv4, float& s0,
+__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const float* w16, float& s0,
                                          float& s1) {
+  const float4* wv4 = reinterpret_cast<const float4*>(w16);
   s0 = 0.f;
   s1 = 0.f;
 #pragma unroll
@@ -355,45 +334,25 @@ __device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, con
   }
 }
 
-// A thread's 16 weights of a row held in registers (kRegWeights), as in Smem::w.
-struct RegWeights {
-  float4 v[4];
-};
-
-__device__ __forceinline__ const float4* smem_weights(const Smem& s, int row, int q) {
-  return reinterpret_cast<const float4*>(&s.w[row][q][0]);
-}
-
-__device__ __forceinline__ RegWeights load_weights(const Smem& s, int row, int q) {
-  RegWeights w;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) w.v[i] = smem_weights(s, row, q)[i];
-  return w;
-}
-
 // Reads the stage's scale and validity of this lane's key, releases the stage when
 // `release` (every MMA that reads it has completed: the caller waited), then the
 // epilogue of one task: head sums, reduce-scatter, one key write per lane.
 // Rows first (kN = 64) or first, first + 1 (kN = 128); the lane's value is that of
 // row first + b2 (kN = 128), or a duplicate on lanes with b2 (kN = 64, not stored).
-// Weights: read here from shared memory, or (kRegWeights) w[0], w[1], the thread's
-// weights of rows first and first + 1 (w[1] unused for kN = 64) held in registers.
-template <int kN, bool kRegWeights>
+template <int kN>
 __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int stage, bool release_stage, int base,
-                                       int first, const RegWeights (&w)[2], const Lane& L) {
+                                       int first, const Lane& L) {
   const int key = L.key();
-  const auto weights = [&](int i) {
-    if constexpr (kRegWeights) return w[i].v;
-    else return smem_weights(s, kN == 128 ? first + i : first, L.q);  // row first + 1: the pair's second row
-  };
+  const float* w16 = &s.w[first][L.q][0];
+  const float* w16_next = &s.w[kN == 128 ? first + 1 : first][L.q][0];  // the pair's second row
   const float scale = s.scale[stage][key];
   const bool valid = ((s.valid[stage][key >> 5] >> (key & 31)) & 1u) != 0;
   if (release_stage) release(s, stage, L);
   float mine;
   if constexpr (kN == 128) {
     float s00, s10, s01, s11;  // s<key h><row i>
-    row_sums<kN>(acc, 0, weights(0), s00, s10);
-    row_sums<kN>(acc, 8, weights(1), s01, s11);
+    row_sums<kN>(acc, 0, w16, s00, s10);
+    row_sums<kN>(acc, 8, w16_next, s01, s11);
     // Step 1 (xor 1): keep key h == b1 of both rows. Step 2 (xor 2): keep row i == b2.
     float keep0 = L.b1 ? s10 : s00, send0 = L.b1 ? s00 : s10;
     float keep1 = L.b1 ? s11 : s01, send1 = L.b1 ? s01 : s11;
@@ -403,7 +362,7 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
     mine += __shfl_xor_sync(0xffffffffu, L.b2 ? keep0 : keep1, 2);
   } else {
     float s0, s1;
-    row_sums<kN>(acc, 0, weights(0), s0, s1);
+    row_sums<kN>(acc, 0, w16, s0, s1);
     mine = L.b1 ? s1 : s0;
     mine += __shfl_xor_sync(0xffffffffu, L.b1 ? s0 : s1, 1);
     mine += __shfl_xor_sync(0xffffffffu, mine, 2);
@@ -431,14 +390,9 @@ __device__ __forceinline__ void wait_full(ConsumerCtx& c, int it) {
 // other CTA's MMAs. With an odd count, the last step computes its tile twice
 // (b's copy is dropped): the same wgmma sequence on every path, which ptxas
 // needs to keep the MMAs asynchronous (a conditional issue serialises them).
-template <int kN, bool kRegWeights>
+template <int kN>
 __device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int& it) {
   float a[kN / 2], b[kN / 2];
-  RegWeights w[2];
-  if constexpr (kRegWeights) {
-    w[0] = load_weights(c.s, u.first, c.L.q);
-    w[1] = load_weights(c.s, kN == 128 ? u.first + 1 : u.first, c.L.q);
-  }
   const std::uint32_t q = c.q_addr + u.first * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
@@ -451,10 +405,10 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int&
     issue_logits_mma<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
-    finish<kN, kRegWeights>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, w, c.L);
+    finish<kN>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, c.L);
     wgmma::wait<0>();
     wgmma::fence_operands(b);
-    if (two) finish<kN, kRegWeights>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, w, c.L);
+    if (two) finish<kN>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, c.L);
     else release(c.s, stage_of(i0), c.L);
   }
   it += n;
@@ -463,17 +417,8 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int&
 // The quad: per tile, pair 0 -> a, pair 1 -> b; b's MMAs run under a's epilogue,
 // b's epilogue under the other CTA's MMAs (a pipeline carried across iterations,
 // b's epilogue under the next tile's a, makes ptxas serialise the MMAs: C7514).
-template <bool kRegWeights>
 __device__ __forceinline__ void consume_quad(ConsumerCtx& c, const Unit& u, int& it) {
   float a[64], b[64];
-  RegWeights w01[2], w23[2];  // pair 0's rows, pair 1's
-  if constexpr (kRegWeights) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      w01[r] = load_weights(c.s, r, c.L.q);
-      w23[r] = load_weights(c.s, 2 + r, c.L.q);
-    }
-  }
   const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
@@ -484,15 +429,14 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx& c, const Unit& u, int&
     issue_logits_mma<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
-    finish<128, kRegWeights>(c.s, a, stage_of(i), false, base, 0, w01, c.L);
+    finish<128>(c.s, a, stage_of(i), false, base, 0, c.L);
     wgmma::wait<0>();
     wgmma::fence_operands(b);
-    finish<128, kRegWeights>(c.s, b, stage_of(i), true, base, 2, w23, c.L);
+    finish<128>(c.s, b, stage_of(i), true, base, 2, c.L);
   }
   it += n;
 }
 
-template <bool kRegWeights>
 __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w, const IndexerRow (&rows)[kRows]) {
   const int tid = threadIdx.x;
   const int heads = p.num_heads;
@@ -532,14 +476,13 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   for (int r = 0; r < kRows; ++r) {
     Unit u;
     if (!unit_at(w, r, u)) continue;
-    if (u.count == 4) consume_quad<kRegWeights>(c, u, it);
-    else if (u.count == 2) consume_unit<128, kRegWeights>(c, u, it);
-    else consume_unit<64, kRegWeights>(c, u, it);
+    if (u.count == 4) consume_quad(c, u, it);
+    else if (u.count == 2) consume_unit<128>(c, u, it);
+    else consume_unit<64>(c, u, it);
   }
 }
 
-template <bool kRegWeights>
-__global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     logits_ws_kernel(IndexerTopkParams p, int row_begin, int row_count, int stride, std::uint32_t* keys,
                      int tiles_per_cta, int chunks) {
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -590,13 +533,8 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerThreads) {
-    if constexpr (kRegWeights) cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    if (!kRegWeights || threadIdx.x < kConsumerThreads + kProducerThreads) produce(s, p, s.work);  // warps 5-7 wait
-  } else {
-    if constexpr (kRegWeights) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    consume<kRegWeights>(s, p, s.work, rows);
-  }
+  if (threadIdx.x >= kConsumerThreads) produce(s, p, s.work);
+  else consume(s, p, s.work, rows);
   // The producer waits here for the consumers instead of exiting while they still
   // read the smem it wrote (as the sparse kernel's head_rows_kernel).
   __syncthreads();
@@ -605,7 +543,7 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
 }  // namespace
 
 void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_count, int stride, std::uint32_t* keys,
-                            bool reg_weights, cudaStream_t stream) {
+                            cudaStream_t stream) {
   const int tiles = stride / kTileKeys;
   const std::int64_t quads = (row_count + kRows - 1) / kRows;
   // Long CTAs amortise the query load (32 KB against 8 KB a tile); shorter ones
@@ -620,13 +558,9 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   const int chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   const std::int64_t blocks = quads * chunks;
   if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");
-  const auto launch = [&](auto kernel, int threads) {
-    opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "indexer logits_ws_kernel");
-    kernel<<<static_cast<unsigned>(blocks), threads, kSmemBytes, stream>>>(p, row_begin, row_count, stride, keys,
-                                                                          tiles_per_cta, chunks);
-  };
-  if (reg_weights) launch(&logits_ws_kernel<true>, kThreads<true>);
-  else launch(&logits_ws_kernel<false>, kThreads<false>);
+  opt_in_shared_memory(reinterpret_cast<const void*>(&logits_ws_kernel), kSmemBytes, "indexer logits_ws_kernel");
+  logits_ws_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, row_begin, row_count, stride,
+                                                                                     keys, tiles_per_cta, chunks);
   check_launch("indexer logits_ws_kernel");
 }
 

@@ -173,7 +173,6 @@ const char* to_string(IndexerLogitsKernel kernel) {
   switch (kernel) {
     case IndexerLogitsKernel::wgmma: return "wgmma";
     case IndexerLogitsKernel::wgmma_ws: return "wgmma_ws";
-    case IndexerLogitsKernel::wgmma_ws_regs: return "wgmma_ws_regs";
     case IndexerLogitsKernel::cuda_core: break;
   }
   return "cuda_core";
@@ -187,7 +186,6 @@ IndexerLogitsKernel default_indexer_logits_kernel() {
     // (19x faster than cuda_core), which stays as the reference.
     if (env != nullptr && std::strcmp(env, "cuda_core") == 0) return IndexerLogitsKernel::cuda_core;
     if (env != nullptr && std::strcmp(env, "wgmma") == 0) return IndexerLogitsKernel::wgmma;
-    if (env != nullptr && std::strcmp(env, "wgmma_ws_regs") == 0) return IndexerLogitsKernel::wgmma_ws_regs;
     return IndexerLogitsKernel::wgmma_ws;
   }();
   return kernel;
@@ -241,9 +239,8 @@ void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool 
     if (logits) {
       if (kernel == IndexerLogitsKernel::wgmma && aligned_rows) {
         launch_logits_wgmma(p, r0, rows, stride, keys, stream);
-      } else if ((kernel == IndexerLogitsKernel::wgmma_ws || kernel == IndexerLogitsKernel::wgmma_ws_regs) &&
-                 aligned_rows) {
-        launch_logits_wgmma_ws(p, r0, rows, stride, keys, kernel == IndexerLogitsKernel::wgmma_ws_regs, stream);
+      } else if (kernel == IndexerLogitsKernel::wgmma_ws && aligned_rows) {
+        launch_logits_wgmma_ws(p, r0, rows, stride, keys, stream);
       } else {
         const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(stride / kKeysPerTile));
         logits_cuda_core_kernel<<<grid, kLogitThreads, 0, stream>>>(p, r0, stride, keys);

@@ -1,7 +1,7 @@
 // The indexer's logits kernels side by side, for the GPU tests and the kernel
 // harness (NOTES.md): launch_indexer_topk (indexer.hpp) runs the default one,
 // which is `wgmma_ws` unless the environment variable DSMLA_INDEXER_LOGITS names
-// another (`cuda_core`, `wgmma`, `wgmma_ws_regs`; read once per process). Host code may include it.
+// another (`cuda_core`, `wgmma`; read once per process). Host code may include it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,10 +13,6 @@ enum class IndexerLogitsKernel {
   cuda_core,  // fp32 FMAs on dequantised codes: the simple reference kernel
   wgmma,      // fp8 tensor cores (wgmma m64n64k32 e4m3 x e4m3 -> fp32)
   wgmma_ws,   // fp8 tensor cores, warp-specialised: producer warp + consumer warpgroup, 4 rows per CTA (NOTES.md v2)
-  // wgmma_ws with a producer warpgroup and setmaxnreg, the weights in the consumers'
-  // registers (NOTES.md v3, "what is left"): an opt-in candidate, not the default;
-  // compiled and SASS-checked but not yet run on a GPU (2026-12-02).
-  wgmma_ws_regs,
 };
 
 const char* to_string(IndexerLogitsKernel kernel);

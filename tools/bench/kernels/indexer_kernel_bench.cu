@@ -8,8 +8,7 @@
 // for a profiler). --no-check: time without the float64 spot checks (A/B
 // variants of scripts/gpu-ab.sh, profiler runs, sweeps of an environment
 // switch); the check column then says "unchecked".
-// Kernels: cuda_core, wgmma, wgmma_ws, wgmma_ws_regs (NOTES.md); `all` (default) runs the first three
-// (wgmma_ws_regs, not yet run on a GPU, only when named),
+// Kernels: cuda_core, wgmma, wgmma_ws (NOTES.md); `all` (default) runs the three,
 // `both` cuda_core and wgmma.
 //
 // Cases (NOTES.md): 64 heads x 128, block size 64, topk 2048.
@@ -164,7 +163,7 @@ int run(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-check")) check_rows = false;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--kernel all|both|NAME[,NAME...]] (cuda_core, wgmma, wgmma_ws, wgmma_ws_regs) [--case TEXT] "
+                   "usage: %s [--quick] [--kernel all|both|NAME[,NAME...]] (cuda_core, wgmma, wgmma_ws) [--case TEXT] "
                    "[--no-check]\n",
                    argv[0]);
       return 2;
@@ -177,8 +176,7 @@ int run(int argc, char** argv) {
     const std::size_t end = std::min(which.find(',', start), which.size());
     const std::string name = which.substr(start, end - start);
     bool known = false;
-    for (IndexerLogitsKernel k : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws,
-                                  IndexerLogitsKernel::wgmma_ws_regs})
+    for (IndexerLogitsKernel k : {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws})
       if (name == dsmla::cuda::to_string(k)) {
         kernels.push_back(k);
         known = true;
