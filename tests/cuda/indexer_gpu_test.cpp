@@ -397,8 +397,9 @@ struct DeviceProblem {
 
 class IndexerTopkTest : public ::testing::TestWithParam<std::tuple<TopkCase, IndexerLogitsKernel>> {};
 
-// Runs case c with `kernel` and checks every row against the float64 reference.
-void check_case(const TopkCase& c, IndexerLogitsKernel kernel) {
+// Runs case c with `kernel` (and `topk_ctas_per_row`, 0: the launcher's choice)
+// and checks every row against the float64 reference.
+void check_case(const TopkCase& c, IndexerLogitsKernel kernel, int topk_ctas_per_row = 0) {
   const TopkProblem pb = make_problem(c);
 
   // Dequantised keys per slot (128 values then the scale), for the reference.
@@ -412,7 +413,7 @@ void check_case(const TopkCase& c, IndexerLogitsKernel kernel) {
   }
 
   DeviceProblem dev(c, pb);
-  cuda::launch_indexer_topk(dev.params, kernel, nullptr);
+  cuda::launch_indexer_topk(dev.params, kernel, nullptr, topk_ctas_per_row);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<std::int32_t> out = dev.out.download();
   constexpr std::int32_t kUntouched = DeviceProblem::kUntouched;
@@ -626,6 +627,29 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
   }
 }
 
+// The small cases' rows are short enough that the launcher selects each with one
+// CTA; a cluster of 2, 4 or 8 CTAs per row (decode over long contexts) must give
+// the same selection entry for entry, and match the reference on its own.
+TEST(IndexerTopk, EveryCtasPerRowGivesTheSameSelection) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  for (const TopkCase& c : topk_cases()) {
+    const TopkProblem pb = make_problem(c);
+    DeviceProblem dev(c, pb);
+    std::vector<std::int32_t> one_cta;
+    for (int split : {1, 2, 4, 8}) {
+      cuda::launch_indexer_topk(dev.params, IndexerLogitsKernel::wgmma_ws, nullptr, split);
+      DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<std::int32_t> out = dev.out.download();
+      if (split == 1) one_cta = out;
+      else ASSERT_TRUE(out == one_cta) << c.name << ": " << split << " CTAs per row select differently from one";
+    }
+  }
+  for (const TopkCase& c : topk_cases()) {
+    SCOPED_TRACE(c.name + ", 8 CTAs per row");
+    check_case(c, IndexerLogitsKernel::wgmma_ws, 8);
+  }
+}
+
 TEST(IndexerTopk, RejectsShapesOutsideTheEnvelope) {
   DSMLA_SKIP_WITHOUT_GPU();
   EXPECT_NE(test::error_of([] { (void)cuda::indexer_workspace_bytes(4, 1 << 20, 64, 2048); }).find("max_pos 1048576"),
@@ -634,6 +658,12 @@ TEST(IndexerTopk, RejectsShapesOutsideTheEnvelope) {
             std::string::npos);
   EXPECT_EQ(cuda::indexer_workspace_bytes(4, 2047, 64, 2048), 0u);  // every row takes the shortcut
   EXPECT_EQ(cuda::indexer_workspace_bytes(3, 2048, 64, 2048), 3u * 2112 * 4);
+  const TopkCase c = topk_cases()[0];
+  const TopkProblem pb = make_problem(c);
+  DeviceProblem dev(c, pb);
+  EXPECT_NE(test::error_of([&] { cuda::launch_indexer_topk(dev.params, IndexerLogitsKernel::wgmma_ws, nullptr, 3); })
+                .find("top-k CTAs per row 3"),
+            std::string::npos);
 }
 
 // Host code (no GPU needed): what the backend uploads for run_indexer.
@@ -690,6 +720,30 @@ TEST(IndexerSchedule, TilesPerCtaKeepLongCtasUnlessTheGpuWouldIdle) {
       for (int c : {4, 8, 16, 32}) EXPECT_LE(path(t), path(c) / 0.9 + 1e-9) << quads << " quads, " << tiles << " tiles";
     }
   EXPECT_NE(test::error_of([] { (void)cuda::indexer_ws_tiles_per_cta(0, 10, kSlots); }).find("quads 0"),
+            std::string::npos);
+}
+
+TEST(IndexerSchedule, TopkSplitsRowsOnlyWhenMultiprocessorsWouldIdle) {
+  const cuda::TopkGroupSlots slots{{132, 66, 32, 16}};  // an H200's 1024-thread CTAs and clusters
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(16384, 16384, slots), 1);  // prefill: rows fill the GPU
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(64, 65536, slots), 2);     // decode 64 x 64K: 128 CTAs
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(16, 65536, slots), 8);     // decode 16 x 64K
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(17, 65536, slots), 4);     // 17 clusters of 8 do not fit at once
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(1, 65536, slots), 8);      // at most a portable cluster
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(64, 4096, slots), 1);      // short rows: a slice would be < 4096
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(1, 8192, slots), 2);
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(66, 65536, slots), 2);
+  EXPECT_EQ(cuda::indexer_topk_ctas_per_row(67, 65536, slots), 1);
+  for (int rows : {1, 5, 16, 17, 33, 64, 66, 67, 200})
+    for (int positions : {1, 2049, 8191, 8192, 40000, 1 << 20}) {
+      const int split = cuda::indexer_topk_ctas_per_row(rows, positions, slots);
+      ASSERT_TRUE(split == 1 || split == 2 || split == 4 || split == 8) << split;
+      if (split > 1) {
+        EXPECT_LE(rows, slots.groups_at_once[split == 2 ? 1 : split == 4 ? 2 : 3]) << rows << " rows";
+        EXPECT_GE(positions / split, cuda::kTopkMinSlice) << positions << " positions";
+      }
+    }
+  EXPECT_NE(test::error_of([&] { (void)cuda::indexer_topk_ctas_per_row(0, 10, slots); }).find("rows 0"),
             std::string::npos);
 }
 

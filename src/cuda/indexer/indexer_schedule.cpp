@@ -33,4 +33,14 @@ int indexer_ws_tiles_per_cta(std::int64_t quads, int tiles_per_row, int cta_slot
   return best;
 }
 
+int indexer_topk_ctas_per_row(int rows, int positions, const TopkGroupSlots& slots) {
+  if (rows < 1 || positions < 1)
+    throw Error("indexer top-k CTAs per row: rows " + std::to_string(rows) + ", positions " +
+                std::to_string(positions) + " (each must be > 0)");
+  int best = 1;
+  for (int i = 1, split = 2; split <= kMaxTopkCtasPerRow; ++i, split *= 2)
+    if (rows <= slots.groups_at_once[i] && positions / split >= kTopkMinSlice) best = split;
+  return best;
+}
+
 }  // namespace dsmla::cuda

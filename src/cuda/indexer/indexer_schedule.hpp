@@ -30,4 +30,17 @@ IndexerHostSchedule make_indexer_schedule(const Plan& plan);
 // Every quad is counted at the full row length (an upper bound for a prefill).
 int indexer_ws_tiles_per_cta(std::int64_t quads, int tiles_per_row, int cta_slots);
 
+// CTAs (a cluster) that select one row's top-k: 1, 2, 4 or 8. A row takes one
+// 1024-thread CTA unless the rows would leave multiprocessors idle (decode: a
+// batch of rows over long contexts); then the largest split whose groups all
+// run at once (groups_at_once[i]: groups of 2^i CTAs the GPU holds together;
+// clusters need their CTAs in one GPC), as long as every CTA keeps at least
+// kTopkMinSlice of the `positions` (the longest row's length).
+inline constexpr int kTopkMinSlice = 4096;
+inline constexpr int kMaxTopkCtasPerRow = 8;  // a portable cluster size
+struct TopkGroupSlots {
+  int groups_at_once[4];  // split 1, 2, 4, 8
+};
+int indexer_topk_ctas_per_row(int rows, int positions, const TopkGroupSlots& slots);
+
 }  // namespace dsmla::cuda

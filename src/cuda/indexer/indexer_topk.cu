@@ -14,16 +14,20 @@
 // dot, then acc += w[h] * relu(dot); logit = acc * scale[key]. fp32 accumulation
 // in a fixed order, identical for every key, so duplicate keys tie exactly.
 //
-// Top-k: one 1024-thread CTA per row (topk_kernel; its passes in topk_select.cuh).
+// Top-k: 1-8 1024-thread CTAs per row (topk_kernel; its passes in topk_select.cuh).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fp8.cuh"
+#include "cuda/common/launch.hpp"
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/indexer/indexer_kernels.cuh"
+#include "cuda/indexer/indexer_schedule.hpp"
 #include "cuda/indexer/indexer_variants.hpp"
 #include "cuda/indexer/topk_select.cuh"
 #include "dsmla/types.hpp"
@@ -117,32 +121,64 @@ __global__ void __launch_bounds__(kLogitThreads)
 }
 
 // ------------------------------------------------------------------ top-k
+// Row blockIdx.x / split of the chunk, CTA blockIdx.x % split of its group (a
+// cluster of `split` CTAs when split > 1; topk_select.cuh).
 __global__ void __launch_bounds__(kTopkThreads)
-    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys) {
+    topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys, int split) {
   __shared__ TopkShared sh;
 
-  const IndexerRow row = p.rows[row_begin + blockIdx.x];
-  if (!row_is_valid(row, p)) return;  // block-uniform
+  const int local_row = static_cast<int>(blockIdx.x) / split;
+  const TopkGroup group{split, static_cast<int>(blockIdx.x) % split};
+  const IndexerRow row = p.rows[row_begin + local_row];
+  // Uniform over the group: its CTAs wait for each other only on valid rows.
+  if (!row_is_valid(row, p)) return;
   const int topk = p.topk;
   const int n = row.pos + 1;  // candidate positions 0..pos
   const bool shortcut = n <= topk;
   std::int32_t* out = p.topk_out + std::int64_t{row.token} * topk;
-  const RowKeys row_keys{&p, shortcut ? nullptr : keys + std::int64_t{blockIdx.x} * stride, row.request, n};
+  const RowKeys row_keys{&p, shortcut ? nullptr : keys + std::int64_t{local_row} * stride, row.request};
 
-  std::uint32_t selected = 0;
-  if (shortcut) {  // every candidate: key 1 > 0
-    selected = compact(row_keys, kNotCandidate, 0u, sh, out, topk);
+  // Slots [pad_begin, topk) get -1, by pad_ctas of the group's CTAs.
+  std::uint32_t pad_begin = 0;
+  int pad_ctas = split;
+  if (shortcut) {  // every candidate (key 1 > 0); at most topk positions: the group's first CTA does it all
+    pad_ctas = 1;
+    if (group.rank == 0) pad_begin = compact(row_keys, Span{0, n}, kNotCandidate, 0u, 0u, 0u, sh, out, topk);
   } else {
+    const Span slice = slice_of(n, group.rank, split);
+    if (threadIdx.x < 3) sh.local_above[threadIdx.x] = 0;  // before radix_pass's first barrier
     RadixState st{0u, 0u, static_cast<std::uint32_t>(topk)};
-    radix_pass(row_keys, 21, 0x7ffu, st, sh);
-    radix_pass(row_keys, 10, 0x7ffu, st, sh);
-    radix_pass(row_keys, 0, 0x3ffu, st, sh);
+    radix_pass(row_keys, slice, 0, 21, 0x7ffu, st, sh, group);
+    radix_pass(row_keys, slice, 1, 10, 0x7ffu, st, sh, group);
+    radix_pass(row_keys, slice, 2, 0, 0x3ffu, st, sh, group);
     const std::uint32_t threshold = st.prefix;
     // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
     const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
-    selected = compact(row_keys, threshold, need_eq, sh, out, topk);
+    // The earlier slices' keys > T and == T, and the whole row's.
+    if (threadIdx.x == 0) {
+      sh.slice_gt = sh.local_above[0] + sh.local_above[1] + sh.local_above[2];
+      sh.slice_eq = sh.local_at;
+    }
+    group.sync();
+    std::uint32_t gt_before = 0, eq_before = 0, row_gt = 0, row_eq = 0;
+    for (int r = 0; r < split; ++r) {
+      const std::uint32_t gt = *group.at(&sh.slice_gt, r), eq = *group.at(&sh.slice_eq, r);
+      if (r < group.rank) {
+        gt_before += gt;
+        eq_before += eq;
+      }
+      row_gt += gt;
+      row_eq += eq;
+    }
+    compact(row_keys, slice, threshold, need_eq, gt_before, eq_before, sh, out, topk);
+    pad_begin = row_gt + min(row_eq, need_eq);
   }
-  for (std::uint32_t i = selected + threadIdx.x; i < static_cast<std::uint32_t>(topk); i += kTopkThreads) out[i] = -1;
+  if (group.rank < pad_ctas)
+    for (std::uint32_t i = pad_begin + group.rank * kTopkThreads + threadIdx.x; i < static_cast<std::uint32_t>(topk);
+         i += pad_ctas * kTopkThreads)
+      out[i] = -1;
+  // No CTA leaves while another may still read its shared memory.
+  if (split > 1) group.sync();
 }
 
 // ------------------------------------------------------------------ host side
@@ -206,8 +242,63 @@ void launch_indexer_topk(const IndexerTopkParams& p, cudaStream_t stream) {
 namespace indexer {
 namespace {
 
-// launch_indexer_topk's checks and chunk loop; `with_topk` false launches only the logits.
-void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool with_topk, cudaStream_t stream) {
+// How many groups of 1, 2, 4 and 8 top-k CTAs the current device holds at once
+// (once per device; one 1024-thread CTA per multiprocessor).
+TopkGroupSlots topk_group_slots() {
+  static std::mutex mutex;
+  static std::map<int, TopkGroupSlots> known;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  TopkGroupSlots slots{};
+  slots.groups_at_once[0] = multiprocessor_count();
+  for (int i = 1; i < 4; ++i) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(1u << i);
+    config.blockDim = dim3(kTopkThreads);
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim = {1u << i, 1, 1};
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    check_cuda(cudaOccupancyMaxActiveClusters(&slots.groups_at_once[i], topk_kernel, &config),
+               "cudaOccupancyMaxActiveClusters (indexer top-k)");
+  }
+  known.emplace(device, slots);
+  return slots;
+}
+
+// The top-k of rows [row_begin, row_begin + rows): `split` CTAs per row (0:
+// indexer_topk_ctas_per_row's choice, or DSMLA_INDEXER_TOPK_CTAS_PER_ROW, 1, 2,
+// 4 or 8, for sweeps), a cluster launch when split > 1.
+void launch_topk(const IndexerTopkParams& p, int row_begin, int rows, int stride, const std::uint32_t* keys,
+                 int split, cudaStream_t stream) {
+  if (split == 0) {
+    split = indexer_topk_ctas_per_row(rows, p.max_pos + 1, topk_group_slots());
+    if (const char* env = std::getenv("DSMLA_INDEXER_TOPK_CTAS_PER_ROW")) {
+      const int forced = std::atoi(env);
+      if (forced == 1 || forced == 2 || forced == 4 || forced == kMaxTopkCtasPerRow) split = forced;
+    }
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows * split));
+  config.blockDim = dim3(kTopkThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster = {};
+  if (split > 1) {
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim = {static_cast<unsigned>(split), 1, 1};
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  check_cuda(cudaLaunchKernelEx(&config, topk_kernel, p, row_begin, stride, keys, split), "indexer topk_kernel launch");
+}
+
+// launch_indexer_topk's checks and chunk loop; `with_topk` false launches only
+// the logits; topk_split as in launch_indexer_topk (indexer_variants.hpp).
+void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool with_topk, int topk_split,
+                   cudaStream_t stream) {
   if (p.num_rows <= 0) return;
   const char* who = "launch_indexer_topk";
   check_envelope(p.max_pos, p.num_heads, p.topk, who);
@@ -219,6 +310,8 @@ void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool 
     throw Error(std::string(who) + ": negative max_blocks_per_request or num_blocks");
   if (p.rows == nullptr || p.topk_out == nullptr || p.block_table == nullptr)
     throw Error(std::string(who) + ": null rows, topk_out or block_table");
+  if (topk_split != 0 && topk_split != 1 && topk_split != 2 && topk_split != 4 && topk_split != kMaxTopkCtasPerRow)
+    throw Error(std::string(who) + ": top-k CTAs per row " + std::to_string(topk_split) + " is not 0, 1, 2, 4 or 8");
   const bool logits = needs_logits(p.max_pos, p.topk);
   if (logits) {
     if (p.index_q == nullptr || p.weights == nullptr || (p.index_cache == nullptr && p.num_blocks > 0))
@@ -247,22 +340,20 @@ void launch_chunks(const IndexerTopkParams& p, IndexerLogitsKernel kernel, bool 
         check_launch("indexer logits_cuda_core_kernel");
       }
     }
-    if (with_topk) {
-      topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, r0, stride, keys);
-      check_launch("indexer topk_kernel");
-    }
+    if (with_topk) launch_topk(p, r0, rows, stride, keys, topk_split, stream);
   }
 }
 
 }  // namespace
 }  // namespace indexer
 
-void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
-  indexer::launch_chunks(p, kernel, true, stream);
+void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream,
+                         int topk_ctas_per_row) {
+  indexer::launch_chunks(p, kernel, true, topk_ctas_per_row, stream);
 }
 
 void launch_indexer_logits_only(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
-  indexer::launch_chunks(p, kernel, false, stream);
+  indexer::launch_chunks(p, kernel, false, 0, stream);
 }
 
 }  // namespace dsmla::cuda

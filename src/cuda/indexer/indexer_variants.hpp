@@ -20,8 +20,11 @@ const char* to_string(IndexerLogitsKernel kernel);
 // The kernel launch_indexer_topk(p, stream) uses.
 IndexerLogitsKernel default_indexer_logits_kernel();
 
-// launch_indexer_topk with an explicit logits kernel (same contract).
-void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream);
+// launch_indexer_topk with an explicit logits kernel (same contract), and for
+// the tests an explicit number of top-k CTAs per row (1, 2, 4 or 8; 0:
+// indexer_topk_ctas_per_row's choice, as launch_indexer_topk makes it).
+void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream,
+                         int topk_ctas_per_row = 0);
 
 // For the kernel harness: only the logits launches of launch_indexer_topk (every
 // chunk into the same workspace, no top-k; topk_out is not written).
