@@ -559,6 +559,17 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 17;
     v.push_back(c);
   }
+  {  // Fewer candidates than topk in rows longer than one top-k slice: most block-table entries
+     // are holes, so the k-th key is "not a candidate" while the candidates spread over the row
+     // (with several CTAs per row, over several slices); request 1 keeps almost none.
+    TopkCase c{.name = "h32_b64_few_candidates", .heads = 32, .block_size = 64, .topk = 2048, .num_blocks = 500, .max_blocks = 320};
+    c.contexts = {20000, 9000};
+    c.rows_per_request = 0;
+    c.extra_rows = {{8000, 12001}, {4500}};
+    c.holes = 1200;
+    c.seed = 22;
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -627,9 +638,9 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
   }
 }
 
-// The small cases' rows are short enough that the launcher selects each with one
-// CTA; a cluster of 2, 4 or 8 CTAs per row (decode over long contexts) must give
-// the same selection entry for entry, and match the reference on its own.
+// Whatever the launcher would choose for a case, one CTA per row and clusters
+// of 2, 4 and 8 must give the same selection entry for entry (each run into a
+// freshly reset output), and 8 must match the reference on its own.
 TEST(IndexerTopk, EveryCtasPerRowGivesTheSameSelection) {
   DSMLA_SKIP_WITHOUT_GPU();
   for (const TopkCase& c : topk_cases()) {
@@ -637,6 +648,7 @@ TEST(IndexerTopk, EveryCtasPerRowGivesTheSameSelection) {
     DeviceProblem dev(c, pb);
     std::vector<std::int32_t> one_cta;
     for (int split : {1, 2, 4, 8}) {
+      dev.out.upload(std::vector<std::int32_t>(dev.out.size(), DeviceProblem::kUntouched));
       cuda::launch_indexer_topk(dev.params, IndexerLogitsKernel::wgmma_ws, nullptr, split);
       DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<std::int32_t> out = dev.out.download();
