@@ -65,7 +65,8 @@ fi
 indexer='*IndexCacheWrite*:*IndexerTopkTest*h32_b16_holes*:*IndexerTopkTest*h64_b16_ties*'
 indexer+=':*IndexerTopkTest*h64_b64_wide_ties_wgmma_ws*'
 if want indexer; then
-  run memcheck test_gpu_cuda "$indexer"
+  # Every case with 1, 2, 4 and 8 top-k CTAs per row (clusters, distributed shared memory).
+  run memcheck test_gpu_cuda "$indexer:*IndexerTopk.EveryCtasPerRow*"
   run racecheck test_gpu_cuda "$indexer"
   run synccheck test_gpu_cuda "$indexer"
 fi

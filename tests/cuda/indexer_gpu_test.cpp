@@ -21,6 +21,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -586,10 +587,13 @@ TEST(IndexerTopk, GraphReplayMatchesDirectLaunch) {
   DSMLA_SKIP_WITHOUT_GPU();
   const TopkCase c = topk_cases()[0];
   const TopkProblem pb = make_problem(c);
-  for (IndexerLogitsKernel kernel :
-       {IndexerLogitsKernel::cuda_core, IndexerLogitsKernel::wgmma, IndexerLogitsKernel::wgmma_ws}) {
+  // The last run: a cluster of 8 top-k CTAs per row (a cluster launch inside the graph).
+  const std::pair<IndexerLogitsKernel, int> runs[] = {
+      {IndexerLogitsKernel::cuda_core, 0}, {IndexerLogitsKernel::wgmma, 0}, {IndexerLogitsKernel::wgmma_ws, 0},
+      {IndexerLogitsKernel::wgmma_ws, 8}};
+  for (const auto& [kernel, topk_ctas] : runs) {
     DeviceProblem dev(c, pb);
-    cuda::launch_indexer_topk(dev.params, kernel, nullptr);
+    cuda::launch_indexer_topk(dev.params, kernel, nullptr, topk_ctas);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<std::int32_t> direct = dev.out.download();
     DSMLA_CUDA_CHECK(cudaMemset(dev.out.data(), 0xff, dev.out.bytes()));
@@ -599,7 +603,7 @@ TEST(IndexerTopk, GraphReplayMatchesDirectLaunch) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     DSMLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    cuda::launch_indexer_topk(dev.params, kernel, stream);
+    cuda::launch_indexer_topk(dev.params, kernel, stream, topk_ctas);
     DSMLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     DSMLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     DSMLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
@@ -614,7 +618,7 @@ TEST(IndexerTopk, GraphReplayMatchesDirectLaunch) {
       for (int i = 0; i < c.topk; ++i)
         ASSERT_EQ(replayed[static_cast<std::size_t>(row.token) * c.topk + i],
                   direct[static_cast<std::size_t>(row.token) * c.topk + i])
-            << cuda::to_string(kernel) << ": token " << row.token << " entry " << i;
+            << cuda::to_string(kernel) << ", top-k CTAs " << topk_ctas << ": token " << row.token << " entry " << i;
   }
 }
 

@@ -122,13 +122,14 @@ __global__ void __launch_bounds__(kLogitThreads)
 
 // ------------------------------------------------------------------ top-k
 // Row blockIdx.x / split of the chunk, CTA blockIdx.x % split of its group (a
-// cluster of `split` CTAs when split > 1; topk_select.cuh).
+// cluster of `split` CTAs when kCluster, else split == 1; topk_select.cuh).
+template <bool kCluster>
 __global__ void __launch_bounds__(kTopkThreads)
     topk_kernel(IndexerTopkParams p, int row_begin, int stride, const std::uint32_t* keys, int split) {
-  __shared__ TopkShared sh;
+  __shared__ TopkShared<kCluster> sh;
 
   const int local_row = static_cast<int>(blockIdx.x) / split;
-  const TopkGroup group{split, static_cast<int>(blockIdx.x) % split};
+  const TopkGroup<kCluster> group{split, static_cast<int>(blockIdx.x) % split};
   const IndexerRow row = p.rows[row_begin + local_row];
   // Uniform over the group: its CTAs wait for each other only on valid rows.
   if (!row_is_valid(row, p)) return;
@@ -146,7 +147,8 @@ __global__ void __launch_bounds__(kTopkThreads)
     if (group.rank == 0) pad_begin = compact(row_keys, Span{0, n}, kNotCandidate, 0u, 0u, 0u, sh, out, topk);
   } else {
     const Span slice = slice_of(n, group.rank, split);
-    if (threadIdx.x < 3) sh.local_above[threadIdx.x] = 0;  // before radix_pass's first barrier
+    if constexpr (kCluster)
+      if (threadIdx.x < 3) sh.local_above[threadIdx.x] = 0;  // before radix_pass's first barrier
     RadixState st{0u, 0u, static_cast<std::uint32_t>(topk)};
     radix_pass(row_keys, slice, 0, 21, 0x7ffu, st, sh, group);
     radix_pass(row_keys, slice, 1, 10, 0x7ffu, st, sh, group);
@@ -154,31 +156,35 @@ __global__ void __launch_bounds__(kTopkThreads)
     const std::uint32_t threshold = st.prefix;
     // Fewer candidates than topk: the k-th key is "not a candidate", take none of those.
     const std::uint32_t need_eq = threshold == kNotCandidate ? 0u : st.remaining;
-    // The earlier slices' keys > T and == T, and the whole row's.
-    if (threadIdx.x == 0) {
-      sh.slice_gt = sh.local_above[0] + sh.local_above[1] + sh.local_above[2];
-      sh.slice_eq = sh.local_at;
-    }
-    group.sync();
-    std::uint32_t gt_before = 0, eq_before = 0, row_gt = 0, row_eq = 0;
-    for (int r = 0; r < split; ++r) {
-      const std::uint32_t gt = *group.at(&sh.slice_gt, r), eq = *group.at(&sh.slice_eq, r);
-      if (r < group.rank) {
-        gt_before += gt;
-        eq_before += eq;
+    if constexpr (kCluster) {
+      // The earlier slices' keys > T and == T, and the whole row's.
+      if (threadIdx.x == 0) {
+        sh.slice_gt = sh.local_above[0] + sh.local_above[1] + sh.local_above[2];
+        sh.slice_eq = sh.local_at;
       }
-      row_gt += gt;
-      row_eq += eq;
+      group.sync();
+      std::uint32_t gt_before = 0, eq_before = 0, row_gt = 0, row_eq = 0;
+      for (int r = 0; r < split; ++r) {
+        const std::uint32_t gt = *group.at(&sh.slice_gt, r), eq = *group.at(&sh.slice_eq, r);
+        if (r < group.rank) {
+          gt_before += gt;
+          eq_before += eq;
+        }
+        row_gt += gt;
+        row_eq += eq;
+      }
+      compact(row_keys, slice, threshold, need_eq, gt_before, eq_before, sh, out, topk);
+      pad_begin = row_gt + min(row_eq, need_eq);
+    } else {
+      pad_begin = compact(row_keys, slice, threshold, need_eq, 0u, 0u, sh, out, topk);
     }
-    compact(row_keys, slice, threshold, need_eq, gt_before, eq_before, sh, out, topk);
-    pad_begin = row_gt + min(row_eq, need_eq);
   }
   if (group.rank < pad_ctas)
     for (std::uint32_t i = pad_begin + group.rank * kTopkThreads + threadIdx.x; i < static_cast<std::uint32_t>(topk);
          i += pad_ctas * kTopkThreads)
       out[i] = -1;
   // No CTA leaves while another may still read its shared memory.
-  if (split > 1) group.sync();
+  if constexpr (kCluster) group.sync();
 }
 
 // ------------------------------------------------------------------ host side
@@ -262,7 +268,7 @@ TopkGroupSlots topk_group_slots() {
     cluster.val.clusterDim = {1u << i, 1, 1};
     config.attrs = &cluster;
     config.numAttrs = 1;
-    check_cuda(cudaOccupancyMaxActiveClusters(&slots.groups_at_once[i], topk_kernel, &config),
+    check_cuda(cudaOccupancyMaxActiveClusters(&slots.groups_at_once[i], topk_kernel<true>, &config),
                "cudaOccupancyMaxActiveClusters (indexer top-k)");
   }
   known.emplace(device, slots);
@@ -292,7 +298,9 @@ void launch_topk(const IndexerTopkParams& p, int row_begin, int rows, int stride
     config.attrs = &cluster;
     config.numAttrs = 1;
   }
-  check_cuda(cudaLaunchKernelEx(&config, topk_kernel, p, row_begin, stride, keys, split), "indexer topk_kernel launch");
+  check_cuda(split > 1 ? cudaLaunchKernelEx(&config, topk_kernel<true>, p, row_begin, stride, keys, split)
+                       : cudaLaunchKernelEx(&config, topk_kernel<false>, p, row_begin, stride, keys, split),
+             "indexer topk_kernel launch");
 }
 
 // launch_indexer_topk's checks and chunk loop; `with_topk` false launches only

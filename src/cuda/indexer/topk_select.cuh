@@ -76,29 +76,35 @@ __device__ __forceinline__ Span slice_of(int n, int rank, int split) {
 
 using TopkScan = cub::BlockScan<std::uint32_t, kTopkThreads>;
 
+// kCluster: two histograms, used by alternate passes (the group's other CTAs
+// may still read one pass's bins while this CTA fills the next pass's).
+template <bool kCluster>
 struct TopkShared {
   TopkScan::TempStorage scan;
-  // Two histograms, used by alternate passes: the group's other CTAs may still
-  // read one pass's bins while this CTA fills the next pass's.
-  std::uint32_t hist[2][kBins];
+  std::uint32_t hist[kCluster ? 2 : 1][kBins];
   std::uint32_t digit, remaining;    // one radix pass's result for the row
+  // kCluster only:
   std::uint32_t local_at;            // this CTA's keys in the digit's bin
   std::uint32_t local_above[3];      // per pass: this CTA's keys above the digit (zeroed by the kernel)
   std::uint32_t slice_gt, slice_eq;  // this CTA's keys > T and == T, read by the group
 };
 
-// The CTAs selecting one row: `split` of them, this one is `rank`.
+// The CTAs selecting one row: `split` of them, this one is `rank`; a cluster
+// when kCluster (split > 1), else the CTA alone (split 1: plain barriers and
+// shared-memory loads, no cluster code in the kernel).
+template <bool kCluster>
 struct TopkGroup {
   int split, rank;
 
   // A barrier of the whole group that also orders its shared-memory accesses.
   __device__ void sync() const {
-    if (split > 1) cooperative_groups::this_cluster().sync();
+    if constexpr (kCluster) cooperative_groups::this_cluster().sync();
     else __syncthreads();
   }
   // `word` (an address in this CTA's TopkShared) in CTA r's shared memory.
   __device__ std::uint32_t* at(std::uint32_t* word, int r) const {
-    return split > 1 ? cooperative_groups::this_cluster().map_shared_rank(word, r) : word;
+    if constexpr (kCluster) return cooperative_groups::this_cluster().map_shared_rank(word, r);
+    else return word;
   }
 };
 
@@ -111,11 +117,12 @@ struct RadixState {
 
 // Radix pass `pass` (0, 1, 2) over this CTA's slice of the row: the digit at
 // `shift` of the k-th largest key of the whole row.
+template <bool kCluster>
 __device__ __forceinline__ void radix_pass(const RowKeys& keys, Span slice, int pass, int shift,
-                                           std::uint32_t digit_mask, RadixState& st, TopkShared& sh,
-                                           const TopkGroup& group) {
+                                           std::uint32_t digit_mask, RadixState& st, TopkShared<kCluster>& sh,
+                                           const TopkGroup<kCluster>& group) {
   const int tid = threadIdx.x;
-  std::uint32_t* hist = sh.hist[pass & 1];
+  std::uint32_t* hist = sh.hist[kCluster ? pass & 1 : 0];
   for (int i = tid; i < kBins; i += kTopkThreads) hist[i] = 0;
   __syncthreads();
   for (int base0 = slice.begin + kItems * tid; base0 < slice.end; base0 += kBatch * kChunk) {
@@ -145,17 +152,18 @@ __device__ __forceinline__ void radix_pass(const RowKeys& keys, Span slice, int 
     if (above[i] < st.remaining && st.remaining <= above[i] + c[i]) {  // exactly one item
       sh.digit = static_cast<std::uint32_t>(bin[i]);
       sh.remaining = st.remaining - above[i];
-      sh.local_at = hist[bin[i]];
+      if constexpr (kCluster) sh.local_at = hist[bin[i]];
     }
   __syncthreads();
   st.prefix |= sh.digit << shift;
   st.mask |= digit_mask << shift;
   st.remaining = sh.remaining;
-  // This CTA's keys above the digit (its own bins), into local_above[pass].
-  std::uint32_t mine = (bin[0] > static_cast<int>(sh.digit) ? hist[bin[0]] : 0u) +
-                       (bin[1] > static_cast<int>(sh.digit) ? hist[bin[1]] : 0u);
-  mine = __reduce_add_sync(0xffffffffu, mine);
-  if ((tid & 31) == 0 && mine > 0) atomicAdd(&sh.local_above[pass], mine);
+  if constexpr (kCluster) {  // this CTA's keys above the digit (its own bins), into local_above[pass]
+    std::uint32_t mine = (bin[0] > static_cast<int>(sh.digit) ? hist[bin[0]] : 0u) +
+                         (bin[1] > static_cast<int>(sh.digit) ? hist[bin[1]] : 0u);
+    mine = __reduce_add_sync(0xffffffffu, mine);
+    if ((tid & 31) == 0 && mine > 0) atomicAdd(&sh.local_above[pass], mine);
+  }
   __syncthreads();  // everyone has read the results; the scan storage is reused
 }
 
@@ -166,9 +174,10 @@ __device__ __forceinline__ void radix_pass(const RowKeys& keys, Span slice, int 
 // row's keys > threshold / == threshold before the slice. The next step's keys
 // are loaded before this step's scan (their latency hides behind it). Returns
 // the number of the row's keys selected up to the end of the slice.
+template <bool kCluster>
 __device__ __forceinline__ std::uint32_t compact(const RowKeys& keys, Span slice, std::uint32_t threshold,
-                                        std::uint32_t need_eq, std::uint32_t gt_before, std::uint32_t eq_before,
-                                        TopkShared& sh, std::int32_t* out, int topk) {
+                                                std::uint32_t need_eq, std::uint32_t gt_before, std::uint32_t eq_before,
+                                                TopkShared<kCluster>& sh, std::int32_t* out, int topk) {
   std::uint32_t k[kItems];
   keys.load(slice.begin + kItems * threadIdx.x, slice.end, k);
   for (int chunk = slice.begin; chunk < slice.end; chunk += kChunk) {
