@@ -275,18 +275,22 @@ TopkGroupSlots topk_group_slots() {
   return slots;
 }
 
+// Top-k CTAs per row for a launch over `rows` rows: indexer_topk_ctas_per_row's
+// choice on this device, or DSMLA_INDEXER_TOPK_CTAS_PER_ROW (1, 2, 4 or 8) for sweeps.
+int chosen_topk_split(int rows, int max_pos) {
+  int split = indexer_topk_ctas_per_row(rows, max_pos + 1, topk_group_slots());
+  if (const char* env = std::getenv("DSMLA_INDEXER_TOPK_CTAS_PER_ROW")) {
+    const int forced = std::atoi(env);
+    if (forced == 1 || forced == 2 || forced == 4 || forced == kMaxTopkCtasPerRow) split = forced;
+  }
+  return split;
+}
+
 // The top-k of rows [row_begin, row_begin + rows): `split` CTAs per row (0:
-// indexer_topk_ctas_per_row's choice, or DSMLA_INDEXER_TOPK_CTAS_PER_ROW, 1, 2,
-// 4 or 8, for sweeps), a cluster launch when split > 1.
+// chosen_topk_split), a cluster launch when split > 1.
 void launch_topk(const IndexerTopkParams& p, int row_begin, int rows, int stride, const std::uint32_t* keys,
                  int split, cudaStream_t stream) {
-  if (split == 0) {
-    split = indexer_topk_ctas_per_row(rows, p.max_pos + 1, topk_group_slots());
-    if (const char* env = std::getenv("DSMLA_INDEXER_TOPK_CTAS_PER_ROW")) {
-      const int forced = std::atoi(env);
-      if (forced == 1 || forced == 2 || forced == 4 || forced == kMaxTopkCtasPerRow) split = forced;
-    }
-  }
+  if (split == 0) split = chosen_topk_split(rows, p.max_pos);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(rows * split));
   config.blockDim = dim3(kTopkThreads);
@@ -362,6 +366,12 @@ void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel,
 
 void launch_indexer_logits_only(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream) {
   indexer::launch_chunks(p, kernel, false, 0, stream);
+}
+
+int default_topk_ctas_per_row(const IndexerTopkParams& p) {
+  if (p.num_rows <= 0) return 1;
+  indexer::check_envelope(p.max_pos, p.num_heads, p.topk, "default_topk_ctas_per_row");
+  return indexer::chosen_topk_split(std::min(p.num_rows, indexer::chunk_rows(p.num_rows, p.max_pos)), p.max_pos);
 }
 
 }  // namespace dsmla::cuda

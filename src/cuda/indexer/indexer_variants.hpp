@@ -30,4 +30,8 @@ void launch_indexer_topk(const IndexerTopkParams& p, IndexerLogitsKernel kernel,
 // chunk into the same workspace, no top-k; topk_out is not written).
 void launch_indexer_logits_only(const IndexerTopkParams& p, IndexerLogitsKernel kernel, cudaStream_t stream);
 
+// For the kernel harness: the top-k CTAs per row launch_indexer_topk(p, ...)
+// uses for its first chunk of rows on the current device (1 when p has no rows).
+int default_topk_ctas_per_row(const IndexerTopkParams& p);
+
 }  // namespace dsmla::cuda

@@ -203,8 +203,8 @@ int run(int argc, char** argv) {
   bool all_ok = true;
 
   std::printf("| case | logits kernel | rows | ms (median) | TFLOP/s (whole) | logits-only ms | logits TFLOP/s | "
-              "H200 bar ms (x0.7 target) | check |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+              "H200 bar ms (x0.7 target) | check | top-k CTAs per row |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---|---:|\n");
   for (const Case& c : cases) {
     std::uint64_t seed = 0x1234 + c.rows.size() * 31 + c.max_pos;
     const int requests = static_cast<int>(c.contexts.size());
@@ -309,9 +309,10 @@ int run(int argc, char** argv) {
       }
       char bar[64] = "-";
       if (c.anchor_ms > 0) std::snprintf(bar, sizeof bar, "%.2f (%.2f)", c.anchor_ms, 0.7 * c.anchor_ms);
-      std::printf("| %s | %s | %d | %.3f | %.1f | %.3f | %.1f | %s | %s |\n", c.name.c_str(),
+      std::printf("| %s | %s | %d | %.3f | %.1f | %.3f | %.1f | %s | %s | %d |\n", c.name.c_str(),
                   dsmla::cuda::to_string(kernel), tokens, ms, ms > 0 ? c.flops / (ms * 1e-3) / 1e12 : 0.0, logits_ms,
-                  logits_ms > 0 ? c.flops / (logits_ms * 1e-3) / 1e12 : 0.0, bar, check.c_str());
+                  logits_ms > 0 ? c.flops / (logits_ms * 1e-3) / 1e12 : 0.0, bar, check.c_str(),
+                  dsmla::cuda::default_topk_ctas_per_row(p));
       std::fflush(stdout);
     }
   }
