@@ -277,13 +277,14 @@ TopkGroupSlots topk_group_slots() {
 
 // Top-k CTAs per row for a launch over `rows` rows: indexer_topk_ctas_per_row's
 // choice on this device, or DSMLA_INDEXER_TOPK_CTAS_PER_ROW (1, 2, 4 or 8) for sweeps.
+// (The environment is read once per process, not on every chunk's launch.)
 int chosen_topk_split(int rows, int max_pos) {
-  int split = indexer_topk_ctas_per_row(rows, max_pos + 1, topk_group_slots());
-  if (const char* env = std::getenv("DSMLA_INDEXER_TOPK_CTAS_PER_ROW")) {
-    const int forced = std::atoi(env);
-    if (forced == 1 || forced == 2 || forced == 4 || forced == kMaxTopkCtasPerRow) split = forced;
-  }
-  return split;
+  static const int forced = [] {
+    const char* env = std::getenv("DSMLA_INDEXER_TOPK_CTAS_PER_ROW");
+    const int value = env != nullptr ? std::atoi(env) : 0;
+    return value == 1 || value == 2 || value == 4 || value == kMaxTopkCtasPerRow ? value : 0;
+  }();
+  return forced != 0 ? forced : indexer_topk_ctas_per_row(rows, max_pos + 1, topk_group_slots());
 }
 
 // The top-k of rows [row_begin, row_begin + rows): `split` CTAs per row (0:
