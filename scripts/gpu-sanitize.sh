@@ -61,12 +61,15 @@ fi
 
 # The indexer kernels: cache write, both logits kernels and the radix top-k
 # (shared-memory histograms) on the small cases (holes, exact ties), and with wgmma_ws
-# exact ties over 20000-position rows.
+# exact ties over 20000-position rows; wgmma_ws's TMA producer on blocks 16, 32 and 64
+# (pieces with holes), its cp.async producer on block 96.
 indexer='*IndexCacheWrite*:*IndexerTopkTest*h32_b16_holes*:*IndexerTopkTest*h64_b16_ties*'
-indexer+=':*IndexerTopkTest*h64_b64_wide_ties_wgmma_ws*'
+indexer+=':*IndexerTopkTest*h64_b64_wide_ties_wgmma_ws*:*IndexerTopkTest*h64_b32_decode_wgmma_ws*'
+indexer+=':*IndexerTopkTest*h32_b96_wgmma_ws*'
 if want indexer; then
-  # Every case with 1, 2, 4 and 8 top-k CTAs per row (clusters, distributed shared memory).
-  run memcheck test_gpu_cuda "$indexer:*IndexerTopk.EveryCtasPerRow*"
+  # Every case with 1, 2, 4 and 8 top-k CTAs per row (clusters, distributed shared memory),
+  # and every TMA-sized case through both wgmma_ws producers.
+  run memcheck test_gpu_cuda "$indexer:*IndexerTopk.EveryCtasPerRow*:*IndexerTopk.WgmmaWsTmaAndCopy*"
   run racecheck test_gpu_cuda "$indexer"
   run synccheck test_gpu_cuda "$indexer"
 fi

@@ -552,6 +552,16 @@ std::vector<TopkCase> topk_cases() {
     c.seed = 22;
     v.push_back(c);
   }
+  {  // Block 32 (wgmma_ws's TMA producer copies a tile as two pieces, one valid and one a hole
+     // where a block-table entry is bad), decode-like single rows of four requests, 64 heads.
+    TopkCase c{.name = "h64_b32_decode", .heads = 64, .block_size = 32, .topk = 256, .num_blocks = 400, .max_blocks = 100};
+    c.contexts = {3000, 2500, 1900, 700};
+    c.rows_per_request = 0;
+    c.extra_rows = {{2999}, {2499}, {1899}, {699}};
+    c.holes = 3;
+    c.seed = 23;
+    v.push_back(c);
+  }
   {  // A block size that is no multiple of 4 (the wgmma kernel falls back to the CUDA-core one).
     TopkCase c{.name = "h32_b10_odd", .heads = 32, .block_size = 10, .topk = 50, .num_blocks = 120, .max_blocks = 80};
     c.contexts = {777, 300};
@@ -640,6 +650,43 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
         check_case(c, IndexerLogitsKernel::wgmma_ws);
       }
   }
+}
+
+// wgmma_ws has two producers: the TMA one (block sizes 16, 32 and multiples of
+// 64) and the cp.async one (every block size that is a multiple of 4;
+// DSMLA_INDEXER_WS_TMA=0 forces it). Both put the same bytes into the stages for
+// every key with a cache row, so the logits must be identical bit for bit, on
+// short and long CTAs (ring wrap-around, several units a CTA).
+TEST(IndexerTopk, WgmmaWsTmaAndCopyProducersGiveIdenticalLogits) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  struct UnsetOnExit {
+    ~UnsetOnExit() {
+      unsetenv("DSMLA_INDEXER_WS_TMA");
+      unsetenv("DSMLA_INDEXER_WS_TILES_PER_CTA");
+    }
+  } unset_on_exit;
+  int compared = 0;
+  for (const TopkCase& c : topk_cases()) {
+    const int bs = c.block_size;
+    if (!(bs == 16 || bs == 32 || bs % 64 == 0)) continue;
+    const TopkProblem pb = make_problem(c);
+    DeviceProblem dev(c, pb);
+    for (const char* tiles : {"4", "32"}) {
+      ASSERT_EQ(setenv("DSMLA_INDEXER_WS_TILES_PER_CTA", tiles, 1), 0);
+      std::vector<std::uint8_t> logits[2];
+      for (int tma = 0; tma < 2; ++tma) {
+        ASSERT_EQ(setenv("DSMLA_INDEXER_WS_TMA", tma ? "1" : "0", 1), 0);
+        DSMLA_CUDA_CHECK(cudaMemset(dev.ws.data(), 0x5a, dev.ws.bytes()));  // positions no row owns stay 0x5a
+        cuda::launch_indexer_logits_only(dev.params, IndexerLogitsKernel::wgmma_ws, nullptr);
+        DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+        logits[tma] = dev.ws.download();
+      }
+      ASSERT_TRUE(logits[0] == logits[1]) << c.name << ", tiles per CTA " << tiles
+                                          << ": the TMA and cp.async producers' logits differ";
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 8) << "too few cases with a TMA block size";
 }
 
 // Whatever the launcher would choose for a case, one CTA per row and clusters

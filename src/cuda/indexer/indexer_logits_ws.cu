@@ -41,6 +41,7 @@
 //
 // Exactness: as the wgmma kernel (FP8 MMA accumulation of reduced precision;
 // tolerance 5e-4 of the sum of |terms| in the tests).
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -48,6 +49,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pipeline.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/indexer/indexer_kernels.cuh"
 #include "cuda/indexer/indexer_schedule.hpp"
@@ -70,7 +72,11 @@ constexpr int kQRowBytes = kMaxHeads * kRowBytes;  // one query row: 64 heads, 8
 constexpr int kRows = 4;                           // rows per CTA
 constexpr int kStages = 8;
 constexpr int kMaxTilesPerCta = 32;
-constexpr int kEntrySlots = 8;  // the producer's block-table lookahead ring (kAhead < kEntrySlots tiles)
+constexpr int kEntrySlots = 8;  // the copy producer's block-table lookahead ring (kAhead < kEntrySlots tiles)
+// The TMA producer copies a tile as pieces of min(block_size, 64) keys, one cache
+// block each: block sizes 16, 32 or a multiple of 64 (4, 2 or 1 pieces a tile).
+constexpr int kTmaMinPiece = 16;
+constexpr int kTmaPiecesPerUnit = kMaxTilesPerCta * (kTileKeys / kTmaMinPiece);  // 128
 // A thread's 16 weights of a row, padded from 16 to 20 floats per lane % 4: the
 // quarter-warp of an LDS.128 (lanes with lane % 4 = 0..3) then reads 4 distinct
 // 16-byte words in distinct banks (stride 16: lanes 0 and 2 collide, twice the
@@ -78,6 +84,7 @@ constexpr int kEntrySlots = 8;  // the producer's block-table lookahead ring (kA
 constexpr int kWeightStride = 20;
 static_assert(kMaxHeads == 64, "a row's query is 64 B-operand rows");
 static_assert(kTileKeys == kRowAlign, "a CTA's tiles lie within the padded row");
+static_assert(kRows * kTmaPiecesPerUnit <= kEntrySlots * kTileKeys, "the TMA producer's entries fit Smem::entry");
 
 // This CTA's rows and tiles (every thread computes the same: block-uniform).
 struct Work {
@@ -98,7 +105,9 @@ struct Smem {
   pl::Mbarrier empty[kStages];          // one arrival per consumer thread
   pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
   Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
-  std::int32_t entry[kEntrySlots][kTileKeys];  // producer: block-table entries of the next tiles (slot = tile % kEntrySlots)
+  // Producer's block-table entries. Copy producer: [tile % kEntrySlots][key] of the next
+  // tiles. TMA producer: [unit slot r * kTmaPiecesPerUnit + piece] of the whole CTA.
+  std::int32_t entry[kEntrySlots * kTileKeys];
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "two CTAs per SM");
@@ -250,7 +259,7 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool ok = a_pos[h] <= a_max_pos && a_index[h] < p.max_blocks_per_request;
-      pl::copy_4(&s.entry[slot][lane + 32 * h], ok ? a_table + a_index[h] : p.block_table, ok);
+      pl::copy_4(&s.entry[slot * kTileKeys + lane + 32 * h], ok ? a_table + a_index[h] : p.block_table, ok);
       advance(a_pos[h], a_index[h], a_row[h], step_index, step_row, bs);
     }
     ++at;
@@ -283,7 +292,7 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const bool ok = pos[h] <= u.max_pos && index[h] < p.max_blocks_per_request;  // as block_of
-        const std::int32_t e = ok ? s.entry[it % kEntrySlots][lane + 32 * h] : -1;
+        const std::int32_t e = ok ? s.entry[(it % kEntrySlots) * kTileKeys + lane + 32 * h] : -1;
         block[h] = e >= 0 && e < p.num_blocks ? std::int64_t{e} : -1;
         row_t[h] = row[h];
         advance(pos[h], index[h], row[h], step_index, step_row, bs);
@@ -295,6 +304,69 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
     }
   }
   pl::wait_copies<0>();  // nothing in flight when the warp reaches the kernel's final barrier
+}
+
+// The TMA producer (block sizes 16, 32 and multiples of 64, 16-byte aligned
+// cache; the host decides, tma_producer_fits): a tile is 64 / piece pieces of
+// `piece` = min(block_size, 64) consecutive keys, each within one cache block, so
+// one tensor-map box (codes, 128-byte swizzled by the copy engine) and one bulk
+// copy (scales) a piece, issued by one lane, replace the copy producer's 16
+// cp.async a lane and their address shuffles. The stage's full barrier expects
+// the valid pieces' bytes. A piece without a cache row is not copied: its keys
+// keep the stage's previous bytes, which the validity mask keeps out of every
+// logit (finish selects kNotCandidate, it does not multiply).
+// All block-table entries of the CTA are read first, every lane's loads at once.
+__device__ __forceinline__ void produce_tma(Smem& s, const IndexerTopkParams& p, const Work& w,
+                                            const CUtensorMap* codes) {
+  const int lane = threadIdx.x % 32;
+  const int bs = p.block_size;
+  const int piece = min(bs, kTileKeys), pieces = kTileKeys / piece;
+#pragma unroll 1
+  for (int r = 0; r < kRows; ++r) {
+    Unit u;
+    if (!unit_at(w, r, u)) continue;
+    const std::int32_t* table = p.block_table + std::int64_t{u.request} * p.max_blocks_per_request;
+#pragma unroll 1
+    for (int k = lane; k < u.items * pieces; k += 32) {
+      const int position = w.tile0 * kTileKeys + k * piece, index = position / bs;
+      const bool ok = position <= u.max_pos && index < p.max_blocks_per_request;  // as block_of
+      const std::int32_t e = ok ? table[index] : -1;
+      s.entry[r * kTmaPiecesPerUnit + k] = e >= 0 && e < p.num_blocks ? e : -1;
+    }
+  }
+  __syncwarp();
+  const std::int64_t block_bytes = cache_block_bytes(p);
+  int it = 0;
+#pragma unroll 1
+  for (int r = 0; r < kRows; ++r) {
+    Unit u;
+    if (!unit_at(w, r, u)) continue;
+#pragma unroll 1
+    for (int t = 0; t < u.items; ++t, ++it) {
+      const int stage = stage_of(it);
+      const std::int32_t e = lane < pieces ? s.entry[r * kTmaPiecesPerUnit + t * pieces + lane] : -1;
+      const std::uint32_t pieces_valid = __ballot_sync(0xffffffffu, e >= 0);
+      pl::wait(&s.empty[stage], phase_of(it) ^ 1);
+      if (lane == 0) {
+        std::uint32_t valid[2] = {0, 0};  // key i valid iff its piece i / piece is
+        for (int j = 0; j < pieces; ++j) {
+          if (((pieces_valid >> j) & 1u) == 0) continue;
+          const std::uint64_t keys = (piece == 64 ? ~0ull : ((1ull << piece) - 1)) << (j * piece);
+          valid[0] |= static_cast<std::uint32_t>(keys);
+          valid[1] |= static_cast<std::uint32_t>(keys >> 32);
+        }
+        s.valid[stage][0] = valid[0];
+        s.valid[stage][1] = valid[1];
+        pl::arrive_expect_tx(&s.full[stage], __popc(pieces_valid) * piece * (kRowBytes + 4));
+      }
+      if (e >= 0) {
+        const int row0 = ((w.tile0 + t) * kTileKeys + lane * piece) % bs;
+        tma::load_box_3d(codes, &s.full[stage], &s.k[stage][lane * piece * kRowBytes], 0, row0, e);
+        tma::load_bulk(p.index_cache + e * block_bytes + std::int64_t{bs} * kRowBytes + 4 * row0, &s.full[stage],
+                       &s.scale[stage][lane * piece], 4 * piece);
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------ consumers (warps 0-3)
@@ -373,6 +445,9 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
     s.work.out[row][position] = valid ? logit_key(mine * scale) : kNotCandidate;
 }
 
+// kTma: the stages are written by the copy engine (async proxy, like wgmma's
+// reads), not by cp.async (generic proxy, which needs a proxy fence).
+template <bool kTma>
 struct ConsumerCtx {
   Smem& s;
   const Work& w;
@@ -380,9 +455,10 @@ struct ConsumerCtx {
   std::uint32_t q_addr, k_addr;  // shared-window addresses of s.q and s.k
 };
 
-__device__ __forceinline__ void wait_full(ConsumerCtx& c, int it) {
+template <bool kTma>
+__device__ __forceinline__ void wait_full(ConsumerCtx<kTma>& c, int it) {
   pl::wait(&c.s.full[stage_of(it)], phase_of(it));
-  pl::fence_smem_for_mma();  // the producer's cp.async writes (generic proxy), read by wgmma (async proxy)
+  if constexpr (!kTma) pl::fence_smem_for_mma();  // cp.async writes (generic proxy), read by wgmma (async proxy)
 }
 
 // A unit of a pair (kN = 128) or a single row (kN = 64): tiles two at a time,
@@ -390,8 +466,8 @@ __device__ __forceinline__ void wait_full(ConsumerCtx& c, int it) {
 // other CTA's MMAs. With an odd count, the last step computes its tile twice
 // (b's copy is dropped): the same wgmma sequence on every path, which ptxas
 // needs to keep the MMAs asynchronous (a conditional issue serialises them).
-template <int kN>
-__device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int& it) {
+template <int kN, bool kTma>
+__device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
   float a[kN / 2], b[kN / 2];
   const std::uint32_t q = c.q_addr + u.first * kQRowBytes;
   const int n = u.items;
@@ -417,7 +493,8 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx& c, const Unit& u, int&
 // The quad: per tile, pair 0 -> a, pair 1 -> b; b's MMAs run under a's epilogue,
 // b's epilogue under the other CTA's MMAs (a pipeline carried across iterations,
 // b's epilogue under the next tile's a, makes ptxas serialise the MMAs: C7514).
-__device__ __forceinline__ void consume_quad(ConsumerCtx& c, const Unit& u, int& it) {
+template <bool kTma>
+__device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
   float a[64], b[64];
   const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
   const int n = u.items;
@@ -437,6 +514,7 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx& c, const Unit& u, int&
   it += n;
 }
 
+template <bool kTma>
 __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w, const IndexerRow (&rows)[kRows]) {
   const int tid = threadIdx.x;
   const int heads = p.num_heads;
@@ -469,7 +547,7 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   pl::arrive(&s.q_ready);
   pl::wait(&s.q_ready, 0);
 
-  ConsumerCtx c{s, w, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
+  ConsumerCtx<kTma> c{s, w, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
                 pl::smem_addr(s.k)};
   int it = 0;
 #pragma unroll 1
@@ -477,14 +555,17 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
     Unit u;
     if (!unit_at(w, r, u)) continue;
     if (u.count == 4) consume_quad(c, u, it);
-    else if (u.count == 2) consume_unit<128>(c, u, it);
-    else consume_unit<64>(c, u, it);
+    else if (u.count == 2) consume_unit<128, kTma>(c, u, it);
+    else consume_unit<64, kTma>(c, u, it);
   }
 }
 
+// kTma: the TMA producer (produce_tma, `codes` its tensor map of the cache's
+// codes), else the cp.async producer (`codes` unused).
+template <bool kTma>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     logits_ws_kernel(IndexerTopkParams p, int row_begin, int row_count, int stride, std::uint32_t* keys,
-                     int tiles_per_cta, int chunks) {
+                     int tiles_per_cta, int chunks, const __grid_constant__ CUtensorMap codes) {
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(pl::align_smem<1024>(smem_raw));
 
@@ -525,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   if (threadIdx.x == 0) {
     s.work = w;
     for (int i = 0; i < kStages; ++i) {
-      pl::init(&s.full[i], 2 * kProducerThreads);
+      pl::init(&s.full[i], kTma ? 1 : 2 * kProducerThreads);
       pl::init(&s.empty[i], kConsumerThreads);
     }
     pl::init(&s.q_ready, kConsumerThreads);
@@ -533,11 +614,36 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerThreads) produce(s, p, s.work);
-  else consume(s, p, s.work, rows);
+  if (threadIdx.x >= kConsumerThreads) {
+    if constexpr (kTma) produce_tma(s, p, s.work, &codes);
+    else produce(s, p, s.work);
+  } else {
+    consume<kTma>(s, p, s.work, rows);
+  }
   // The producer waits here for the consumers instead of exiting while they still
   // read the smem it wrote (as the sparse kernel's head_rows_kernel).
   __syncthreads();
+}
+
+// The TMA producer's shapes: a tile's pieces of min(block_size, 64) keys each lie
+// in one cache block, and the cache is 16-byte aligned (a tensor map's base).
+// DSMLA_INDEXER_WS_TMA=0 forces the cp.async producer (read on every launch, as
+// DSMLA_INDEXER_WS_TILES_PER_CTA: tests compare the two producers in one process).
+bool tma_producer_fits(const IndexerTopkParams& p) {
+  const char* env = std::getenv("DSMLA_INDEXER_WS_TMA");
+  const bool disabled = env != nullptr && std::string(env) == "0";
+  const int bs = p.block_size;
+  return !disabled && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0 &&
+         reinterpret_cast<std::uintptr_t>(p.index_cache) % 16 == 0;
+}
+
+// The cache's codes as a [num_blocks][block_size][128 B] tensor (a block's rows
+// 128 B apart, blocks block_size * 132 B apart), boxes of one piece.
+bool encode_codes_map(CUtensorMap& map, const IndexerTopkParams& p) {
+  const std::uint64_t bs = static_cast<std::uint64_t>(p.block_size);
+  return tma::encode_u8_3d_swizzle128(map, p.index_cache, {kRowBytes, bs, static_cast<std::uint64_t>(p.num_blocks)},
+                                      {kRowBytes, bs * (kRowBytes + 4)},
+                                      {kRowBytes, static_cast<std::uint32_t>(std::min<std::uint64_t>(bs, kTileKeys)), 1});
 }
 
 }  // namespace
@@ -558,9 +664,17 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   const int chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   const std::int64_t blocks = quads * chunks;
   if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");
-  opt_in_shared_memory(reinterpret_cast<const void*>(&logits_ws_kernel), kSmemBytes, "indexer logits_ws_kernel");
-  logits_ws_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, row_begin, row_count, stride,
-                                                                                     keys, tiles_per_cta, chunks);
+  CUtensorMap codes{};
+  const bool use_tma = tma_producer_fits(p) && encode_codes_map(codes, p);
+  const void* kernel = use_tma ? reinterpret_cast<const void*>(&logits_ws_kernel<true>)
+                               : reinterpret_cast<const void*>(&logits_ws_kernel<false>);
+  opt_in_shared_memory(kernel, kSmemBytes, "indexer logits_ws_kernel");
+  if (use_tma)
+    logits_ws_kernel<true><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(
+        p, row_begin, row_count, stride, keys, tiles_per_cta, chunks, codes);
+  else
+    logits_ws_kernel<false><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(
+        p, row_begin, row_count, stride, keys, tiles_per_cta, chunks, codes);
   check_launch("indexer logits_ws_kernel");
 }
 
