@@ -490,51 +490,6 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u
   it += n;
 }
 
-#ifndef DSMLA_QUAD_TWO_TILES
-#define DSMLA_QUAD_TWO_TILES 1
-#endif
-#if DSMLA_QUAD_TWO_TILES
-// The quad, two tiles t, t + 1 an iteration: pair 0 -> a, pair 1 -> b, and the
-// next MMA is issued before each epilogue but the last, so the tensor cores
-// have work queued under three of the four epilogues (one tile an iteration:
-// under one of two; the other CTA on the SM covers the rest). The pipeline
-// stays inside the iteration (carried across iterations, ptxas serialises the
-// MMAs: C7514). An odd count computes its last tile twice and drops the copy,
-// so every path issues the same wgmma sequence.
-template <bool kTma>
-__device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
-  float a[64], b[64];
-  const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
-  const int n = u.items;
-#pragma unroll 1
-  for (int t = 0; t < n; t += 2) {
-    const bool two = t + 1 < n;
-    const int i0 = it + t, i1 = two ? i0 + 1 : i0;
-    const int base0 = (c.w.tile0 + t) * kTileKeys, base1 = base0 + kTileKeys;
-    const std::uint32_t k0 = c.k_addr + stage_of(i0) * kTileBytes, k1 = c.k_addr + stage_of(i1) * kTileBytes;
-    wait_full(c, i0);
-    issue_logits_mma<128>(a, k0, q0);
-    issue_logits_mma<128>(b, k0, q1);
-    wgmma::wait<1>();
-    wgmma::fence_operands(a);
-    finish<128>(c.s, a, stage_of(i0), false, base0, 0, c.L);
-    wait_full(c, i1);
-    issue_logits_mma<128>(a, k1, q0);
-    wgmma::wait<1>();  // b of tile t done (groups complete in order); a of tile t + 1 may run
-    wgmma::fence_operands(b);
-    finish<128>(c.s, b, stage_of(i0), two, base0, 2, c.L);  // tile t's stage released unless a still reads it
-    issue_logits_mma<128>(b, k1, q1);
-    wgmma::wait<1>();
-    wgmma::fence_operands(a);
-    if (two) finish<128>(c.s, a, stage_of(i1), false, base1, 0, c.L);
-    wgmma::wait<0>();
-    wgmma::fence_operands(b);
-    if (two) finish<128>(c.s, b, stage_of(i1), true, base1, 2, c.L);
-    else release(c.s, stage_of(i0), c.L);
-  }
-  it += n;
-}
-#else
 // The quad: per tile, pair 0 -> a, pair 1 -> b; b's MMAs run under a's epilogue,
 // b's epilogue under the other CTA's MMAs (a pipeline carried across iterations,
 // b's epilogue under the next tile's a, makes ptxas serialise the MMAs: C7514).
@@ -558,8 +513,6 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u
   }
   it += n;
 }
-
-#endif
 
 template <bool kTma>
 __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w, const IndexerRow (&rows)[kRows]) {
