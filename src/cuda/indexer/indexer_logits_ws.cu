@@ -61,8 +61,7 @@ namespace {
 
 namespace pl = pipeline;
 
-constexpr int kConsumerWarpgroups = 2;
-constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+constexpr int kConsumerThreads = 128;  // one warpgroup
 constexpr int kProducerThreads = 32;   // one warp
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kCtasPerSm = 2;
@@ -373,7 +372,7 @@ __device__ __forceinline__ void produce_tma(Smem& s, const IndexerTopkParams& p,
 // ------------------------------------------------------------------ consumers (warps 0-3)
 
 struct Lane {
-  int group, warp, lane, q, b1, b2;  // consumer warpgroup, warp within it, lane
+  int warp, lane, q, b1, b2;
   __device__ int key() const { return 16 * warp + lane / 4 + 8 * b1; }  // the key this lane stores
 };
 
@@ -407,58 +406,47 @@ __device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, con
   }
 }
 
-// The key's logits of rows first, first + 1 from this thread's head sums
-// s<key h><row i> (key h = 0: 16 warp + lane / 4, h = 1: + 8): reduce-scatter
-// over the key's 4 lanes, then each lane writes one (key, row) logit.
-// Step 1 (xor 1): keep key h == b1 of both rows. Step 2 (xor 2): keep row i == b2.
-__device__ __forceinline__ void store_pair(Smem& s, float s00, float s10, float s01, float s11, float scale,
-                                           bool valid, int base, int first, const Lane& L) {
-  float keep0 = L.b1 ? s10 : s00, send0 = L.b1 ? s00 : s10;
-  float keep1 = L.b1 ? s11 : s01, send1 = L.b1 ? s01 : s11;
-  keep0 += __shfl_xor_sync(0xffffffffu, send0, 1);
-  keep1 += __shfl_xor_sync(0xffffffffu, send1, 1);
-  float mine = L.b2 ? keep1 : keep0;
-  mine += __shfl_xor_sync(0xffffffffu, L.b2 ? keep0 : keep1, 2);
-  const int row = first + L.b2, position = base + L.key();
-  if (position <= s.work.pos[row]) s.work.out[row][position] = valid ? logit_key(mine * scale) : kNotCandidate;
-}
-
 // Reads the stage's scale and validity of this lane's key, releases the stage when
 // `release` (every MMA that reads it has completed: the caller waited), then the
 // epilogue of one task: head sums, reduce-scatter, one key write per lane.
 // Rows first (kN = 64) or first, first + 1 (kN = 128); the lane's value is that of
 // row first + b2 (kN = 128), or a duplicate on lanes with b2 (kN = 64, not stored).
-// `sums0` (kN = 64 only, not null): this thread's sums of row first - 1's two keys,
-// computed earlier from another accumulator; the pair (first - 1, first) is stored.
 template <int kN>
 __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int stage, bool release_stage, int base,
-                                       int first, const Lane& L, const float* sums0 = nullptr) {
+                                       int first, const Lane& L) {
   const int key = L.key();
   const float* w16 = &s.w[first][L.q][0];
+  const float* w16_next = &s.w[kN == 128 ? first + 1 : first][L.q][0];  // the pair's second row
   const float scale = s.scale[stage][key];
   const bool valid = ((s.valid[stage][key >> 5] >> (key & 31)) & 1u) != 0;
   if (release_stage) release(s, stage, L);
+  float mine;
   if constexpr (kN == 128) {
-    float s00, s10, s01, s11;
+    float s00, s10, s01, s11;  // s<key h><row i>
     row_sums<kN>(acc, 0, w16, s00, s10);
-    row_sums<kN>(acc, 8, &s.w[first + 1][L.q][0], s01, s11);
-    store_pair(s, s00, s10, s01, s11, scale, valid, base, first, L);
+    row_sums<kN>(acc, 8, w16_next, s01, s11);
+    // Step 1 (xor 1): keep key h == b1 of both rows. Step 2 (xor 2): keep row i == b2.
+    float keep0 = L.b1 ? s10 : s00, send0 = L.b1 ? s00 : s10;
+    float keep1 = L.b1 ? s11 : s01, send1 = L.b1 ? s01 : s11;
+    keep0 += __shfl_xor_sync(0xffffffffu, send0, 1);
+    keep1 += __shfl_xor_sync(0xffffffffu, send1, 1);
+    mine = L.b2 ? keep1 : keep0;
+    mine += __shfl_xor_sync(0xffffffffu, L.b2 ? keep0 : keep1, 2);
   } else {
     float s0, s1;
     row_sums<kN>(acc, 0, w16, s0, s1);
-    if (sums0 != nullptr) {
-      store_pair(s, sums0[0], sums0[1], s0, s1, scale, valid, base, first - 1, L);
-      return;
-    }
-    float mine = L.b1 ? s1 : s0;
+    mine = L.b1 ? s1 : s0;
     mine += __shfl_xor_sync(0xffffffffu, L.b1 ? s0 : s1, 1);
     mine += __shfl_xor_sync(0xffffffffu, mine, 2);
-    const int position = base + key;
-    if (L.b2 == 0 && position <= s.work.pos[first])
-      s.work.out[first][position] = valid ? logit_key(mine * scale) : kNotCandidate;
   }
+  const int row = kN == 128 ? first + L.b2 : first;
+  const int position = base + key;
+  if ((kN == 128 || L.b2 == 0) && position <= s.work.pos[row])
+    s.work.out[row][position] = valid ? logit_key(mine * scale) : kNotCandidate;
 }
 
+// kTma: the stages are written by the copy engine (async proxy, like wgmma's
+// reads), not by cp.async (generic proxy, which needs a proxy fence).
 template <bool kTma>
 struct ConsumerCtx {
   Smem& s;
@@ -473,62 +461,55 @@ __device__ __forceinline__ void wait_full(ConsumerCtx<kTma>& c, int it) {
   if constexpr (!kTma) pl::fence_smem_for_mma();  // cp.async writes (generic proxy), read by wgmma (async proxy)
 }
 
-// A unit of a pair (kN = 128) or a single row (kN = 64): consumer warpgroup g
-// computes tiles t = g, g + 2, ... (one accumulator; the other warpgroups of the
-// SM fill the tensor cores under its epilogue) and releases the others' stages
-// without reading them, after their full barrier (so its arrival counts toward
-// the right phase of the empty barrier): every stage gets both warpgroups'
-// arrivals. The loop keeps the wgmma unconditional (a conditional issue makes
-// ptxas serialise the MMAs).
+// A unit of a pair (kN = 128) or a single row (kN = 64): tiles two at a time,
+// t -> a and t + 1 -> b; b's MMAs run under a's epilogue, b's epilogue under the
+// other CTA's MMAs. With an odd count, the last step computes its tile twice
+// (b's copy is dropped): the same wgmma sequence on every path, which ptxas
+// needs to keep the MMAs asynchronous (a conditional issue serialises them).
 template <int kN, bool kTma>
 __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
-  float acc[kN / 2];
+  float a[kN / 2], b[kN / 2];
   const std::uint32_t q = c.q_addr + u.first * kQRowBytes;
-  const int n = u.items, g = c.L.group;
+  const int n = u.items;
 #pragma unroll 1
-  for (int t = g; t < n; t += 2) {
-    if (t >= 1) {  // tile t - 1 is the other warpgroup's
-      wait_full(c, it + t - 1);
-      release(c.s, stage_of(it + t - 1), c.L);
-    }
-    const int i = it + t;
-    wait_full(c, i);
-    issue_logits_mma<kN>(acc, c.k_addr + stage_of(i) * kTileBytes, q);
+  for (int t = 0; t < n; t += 2) {
+    const bool two = t + 1 < n;
+    const int i0 = it + t, i1 = two ? i0 + 1 : i0;
+    wait_full(c, i0);
+    issue_logits_mma<kN>(a, c.k_addr + stage_of(i0) * kTileBytes, q);
+    wait_full(c, i1);
+    issue_logits_mma<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
+    wgmma::wait<1>();
+    wgmma::fence_operands(a);
+    finish<kN>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, c.L);
     wgmma::wait<0>();
-    wgmma::fence_operands(acc);
-    finish<kN>(c.s, acc, stage_of(i), true, (c.w.tile0 + t) * kTileKeys, u.first, c.L);
-  }
-  if ((n - 1) % 2 != g) {  // the last tile is the other warpgroup's (or n == 1 and g == 1)
-    wait_full(c, it + n - 1);
-    release(c.s, stage_of(it + n - 1), c.L);
+    wgmma::fence_operands(b);
+    if (two) finish<kN>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, c.L);
+    else release(c.s, stage_of(i0), c.L);
   }
   it += n;
 }
 
-// The quad: consumer warpgroup g computes pair g (rows 2g, 2g + 1) of every
-// tile, one row an MMA (N = 64: row 2g -> a, 2g + 1 -> b), so a's head sums run
-// while b's MMA does (DeepGEMM's sm90 MQA-logits kernel splits its N the same
-// way); both warpgroups read the stage and release it.
+// The quad: per tile, pair 0 -> a, pair 1 -> b; b's MMAs run under a's epilogue,
+// b's epilogue under the other CTA's MMAs (a pipeline carried across iterations,
+// b's epilogue under the next tile's a, makes ptxas serialise the MMAs: C7514).
 template <bool kTma>
 __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
-  float a[32], b[32];
-  const int g = c.L.group, row0 = 2 * g;
-  const std::uint32_t q0 = c.q_addr + row0 * kQRowBytes, q1 = q0 + kQRowBytes;
+  float a[64], b[64];
+  const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
   for (int t = 0; t < n; ++t) {
-    const int i = it + t;
-    const std::uint32_t k = c.k_addr + stage_of(i) * kTileBytes;
+    const int i = it + t, base = (c.w.tile0 + t) * kTileKeys;
     wait_full(c, i);
-    issue_logits_mma<64>(a, k, q0);
-    issue_logits_mma<64>(b, k, q1);
+    issue_logits_mma<128>(a, c.k_addr + stage_of(i) * kTileBytes, q0);
+    issue_logits_mma<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
-    float sums0[2];
-    row_sums<64>(a, 0, &c.s.w[row0][c.L.q][0], sums0[0], sums0[1]);
+    finish<128>(c.s, a, stage_of(i), false, base, 0, c.L);
     wgmma::wait<0>();
     wgmma::fence_operands(b);
-    finish<64>(c.s, b, stage_of(i), true, (c.w.tile0 + t) * kTileKeys, row0 + 1, c.L, sums0);
+    finish<128>(c.s, b, stage_of(i), true, base, 2, c.L);
   }
   it += n;
 }
@@ -566,7 +547,7 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   pl::arrive(&s.q_ready);
   pl::wait(&s.q_ready, 0);
 
-  ConsumerCtx<kTma> c{s, w, Lane{tid / 128, (tid / 32) % 4, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
+  ConsumerCtx<kTma> c{s, w, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
                 pl::smem_addr(s.k)};
   int it = 0;
 #pragma unroll 1
