@@ -7,9 +7,7 @@
 #   profile_phases.md     bench/ncu_phases.py of the source page
 #   profile_source.csv.gz the source page itself (per-instruction SASS counters)
 # LAUNCH_SKIP (default 0) skips that many launches of the kernel first.
-# (2026-12-02: its ncu commands are the ones stop 21 ran by hand on the GPU machine,
-# and bench/ncu_phases.py was checked on those reports; the script as a whole has
-# not yet run there.)
+# (Run as a whole on the GPU machine on 2026-12-03: decode and 16K-prefill logits.)
 # Usage: scripts/gpu-profile.sh KERNEL_REGEX BINARY [ARGS...]
 #   e.g. scripts/gpu-profile.sh topk_kernel build-gpu/indexer_kernel_bench --kernel wgmma_ws \
 #          --case "decode B=64 ctx=65536" --no-check

@@ -9,8 +9,9 @@
 // rows in a prefill) first. Two CTAs per SM.
 //
 // Roles: warps 0-3 = one consumer warpgroup (MMAs and epilogue), warp 4 = the
-// producer (gathers paged key tiles with cp.async into a kStages ring, full /
-// empty mbarriers). A tile is 64 keys (the MMA's M) x 128 dims.
+// producer (paged key tiles into a kStages ring, full / empty mbarriers: by TMA
+// for block sizes 16, 32 and multiples of 64, produce_tma; by cp.async gathers
+// otherwise, produce). A tile is 64 keys (the MMA's M) x 128 dims.
 //
 // Shapes (decided per quad from its rows only, so each row's logits always
 // come from one MMA shape: identical keys tie bit-exactly):
@@ -101,7 +102,7 @@ struct Smem {
   float scale[kStages][kTileKeys];
   std::uint32_t valid[kStages][2];      // bit i of word h: key 32 h + i has a cache row
   float w[kRows][4][kWeightStride];     // [row][lane % 4][2 jj + f] = weight of head 8 jj + 2 (lane % 4) + f
-  pl::Mbarrier full[kStages];           // 32 cp.async arrivals + 32 plain arrivals of the producer
+  pl::Mbarrier full[kStages];           // TMA: lane 0's arrival + the bytes; cp.async: 32 + 32 arrivals
   pl::Mbarrier empty[kStages];          // one arrival per consumer thread
   pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
   Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
