@@ -2,13 +2,14 @@
 // mbarrier's transaction count: a tensor-map box (with the 128-byte swizzle
 // wgmma's K-major operands want) and a plain bulk copy. Device side: CuTe's
 // copy atoms (cute/arch/copy_sm90_tma.hpp); host side: the tensor map is
-// encoded through CUTLASS's driver adapter (cudaGetDriverEntryPointByVersion,
-// so nothing links libcuda).
+// encoded by the driver's cuTensorMapEncodeTiled, reached through
+// cudaGetDriverEntryPointByVersion (as CUTLASS's host adapter does), so nothing
+// links libcuda.
 #pragma once
 #include <cuda.h>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
-#include <cutlass/cuda_host_adapter.hpp>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 
@@ -27,7 +28,19 @@ inline bool encode_u8_3d_swizzle128(CUtensorMap& map, const void* base, const st
   const cuuint64_t global_strides[2] = {strides[0], strides[1]};
   const cuuint32_t box_dims[3] = {box[0], box[1], box[2]};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
+  // The driver's entry point is looked up once per process (CUTLASS's
+  // call_cuTensorMapEncodeTiled looks it up on every call: every kernel launch here).
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  if (encode == nullptr) return false;
+  const CUresult r = encode(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), global_dims, global_strides, box_dims,
       element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -627,15 +627,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 }
 
 // The TMA producer's shapes: a tile's pieces of min(block_size, 64) keys each lie
-// in one cache block, and the cache is 16-byte aligned (a tensor map's base).
+// in one cache block (the cache's 16-byte alignment, a tensor map's base, is
+// launch_indexer_topk's precondition).
 // DSMLA_INDEXER_WS_TMA=0 forces the cp.async producer (read on every launch, as
 // DSMLA_INDEXER_WS_TILES_PER_CTA: tests compare the two producers in one process).
 bool tma_producer_fits(const IndexerTopkParams& p) {
   const char* env = std::getenv("DSMLA_INDEXER_WS_TMA");
   const bool disabled = env != nullptr && std::string(env) == "0";
   const int bs = p.block_size;
-  return !disabled && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0 &&
-         reinterpret_cast<std::uintptr_t>(p.index_cache) % 16 == 0;
+  return !disabled && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;
 }
 
 // The cache's codes as a [num_blocks][block_size][128 B] tensor (a block's rows
@@ -667,15 +667,10 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");
   CUtensorMap codes{};
   const bool use_tma = tma_producer_fits(p) && encode_codes_map(codes, p);
-  const void* kernel = use_tma ? reinterpret_cast<const void*>(&logits_ws_kernel<true>)
-                               : reinterpret_cast<const void*>(&logits_ws_kernel<false>);
-  opt_in_shared_memory(kernel, kSmemBytes, "indexer logits_ws_kernel");
-  if (use_tma)
-    logits_ws_kernel<true><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(
-        p, row_begin, row_count, stride, keys, tiles_per_cta, chunks, codes);
-  else
-    logits_ws_kernel<false><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(
-        p, row_begin, row_count, stride, keys, tiles_per_cta, chunks, codes);
+  const auto kernel = use_tma ? &logits_ws_kernel<true> : &logits_ws_kernel<false>;
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "indexer logits_ws_kernel");
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, row_begin, row_count, stride, keys,
+                                                                          tiles_per_cta, chunks, codes);
   check_launch("indexer logits_ws_kernel");
 }
 
