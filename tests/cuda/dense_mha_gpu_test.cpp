@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -142,9 +144,15 @@ Reference reference(const DenseRequest& r, int h, int H, const std::vector<std::
   return ref;
 }
 
+struct DenseOutputs {
+  std::vector<std::uint16_t> out;
+  std::vector<float> lse;
+};
+
 // Runs the kernel on `batch` (its requests merged by pack_dense_prompts when
-// `pack`) and checks every row against the float reference of its own request.
-void expect_matches_reference(const Batch& batch, int H, bool pack) {
+// `pack`), checks every row against the float reference of its own request
+// and returns what the kernel wrote.
+DenseOutputs expect_matches_reference(const Batch& batch, int H, bool pack) {
   const float scale = static_cast<float>(default_softmax_scale());
   std::mt19937 rng(1234 + H);
   // q in [-2, 2] makes the softmax peaked enough that one wrongly masked key
@@ -154,9 +162,9 @@ void expect_matches_reference(const Batch& batch, int H, bool pack) {
   const auto latent = random_bf16(static_cast<std::size_t>(batch.kv_rows) * kLatentKeyDim, 1.f, rng);
   const DenseMhaPacking packing = pack ? pack_dense_prompts(batch.requests, batch.num_rows)
                                       : DenseMhaPacking{batch.requests, {}};
-  if (pack) {
-    ASSERT_FALSE(packing.first_key.empty()) << "the batch must merge prompts";
-    ASSERT_LT(packing.requests.size(), batch.requests.size() / 2);
+  if (pack && (packing.first_key.empty() || packing.requests.size() >= batch.requests.size() / 2)) {
+    ADD_FAILURE() << "the batch must merge prompts";
+    return {};
   }
   const auto requests = make_dense_mha_requests(packing.requests);
   const auto work = make_dense_mha_schedule(packing.requests);
@@ -189,6 +197,8 @@ void expect_matches_reference(const Batch& batch, int H, bool pack) {
   p.softmax_scale = scale;
   p.out = reinterpret_cast<__nv_bfloat16*>(d_out.data());
   p.lse = d_lse.data();
+  p.num_q_rows = batch.num_rows;
+  p.num_kv_rows = batch.kv_rows;
   p.first_key = pack ? d_first_key.data() : nullptr;
   launch_dense_mha(p, nullptr);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -254,6 +264,7 @@ void expect_matches_reference(const Batch& batch, int H, bool pack) {
   ::testing::Test::RecordProperty("max_lse_err", std::to_string(max_lse_err));
   std::printf("H %d%s: max |out - ref| %.3g, max |lse - ref| %.3g\n", H, pack ? ", packed prompts" : "",
               max_out_err, max_lse_err);
+  return {std::move(out), std::move(lse)};
 }
 
 class DenseMhaGpuTest : public ::testing::TestWithParam<int> {};
@@ -268,6 +279,28 @@ TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
 TEST_P(DenseMhaGpuTest, PackedPromptsMatchCpuReference) {
   DSMLA_SKIP_WITHOUT_GPU();
   expect_matches_reference(packed_batch(), GetParam(), true);
+}
+
+// The TMA producer (the default) reads whole tiles, the rows around a request
+// included; the copy producer (DSMLA_DENSE_TMA=0) clamps to the request's rows.
+// Those rows are never stored or always masked, so the outputs agree bit for bit.
+TEST_P(DenseMhaGpuTest, TmaAndCopyProducersGiveIdenticalOutputs) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  struct UnsetOnExit {
+    ~UnsetOnExit() { unsetenv("DSMLA_DENSE_TMA"); }
+  } unset_on_exit;
+  for (const bool pack : {false, true}) {
+    const Batch batch = pack ? packed_batch() : mixed_batch();
+    ASSERT_EQ(setenv("DSMLA_DENSE_TMA", "0", 1), 0);
+    const DenseOutputs copied = expect_matches_reference(batch, GetParam(), pack);
+    ASSERT_EQ(unsetenv("DSMLA_DENSE_TMA"), 0);
+    const DenseOutputs tma = expect_matches_reference(batch, GetParam(), pack);
+    ASSERT_EQ(copied.out.size(), tma.out.size());
+    ASSERT_EQ(copied.lse.size(), tma.lse.size());
+    EXPECT_TRUE(copied.out == tma.out) << (pack ? "packed" : "mixed") << " batch: outputs differ";
+    EXPECT_EQ(std::memcmp(copied.lse.data(), tma.lse.data(), tma.lse.size() * sizeof(float)), 0)
+        << (pack ? "packed" : "mixed") << " batch: lse differs";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Heads, DenseMhaGpuTest, ::testing::Values(16, 32, 64, 128),
@@ -381,6 +414,8 @@ TEST(DenseMhaLaunch, RejectsBadParameters) {
   p.num_work_items = 1;
   p.num_heads = 16;
   p.softmax_scale = 0.1f;
+  p.num_q_rows = 1;
+  p.num_kv_rows = 1;
   auto message = [](const DenseMhaParams& bad) {
     try {
       launch_dense_mha(bad, nullptr);
@@ -401,6 +436,12 @@ TEST(DenseMhaLaunch, RejectsBadParameters) {
   bad = p;
   bad.num_work_items = -1;
   EXPECT_NE(message(bad).find("num_work_items -1"), std::string::npos);
+  bad = p;
+  bad.num_kv_rows = 0;
+  EXPECT_NE(message(bad).find("num_kv_rows 0"), std::string::npos);
+  bad = p;
+  bad.num_q_rows = std::int64_t{1} << 31;
+  EXPECT_NE(message(bad).find("num_q_rows 2147483648"), std::string::npos);
 }
 
 }  // namespace

@@ -186,6 +186,8 @@ struct DenseKernelArgs {
   float softmax_scale = 0;
   std::uint16_t* out = nullptr;           // [T, H*128]
   float* lse = nullptr;                   // [T, H]
+  std::int64_t num_q_rows = 0;            // T
+  std::int64_t num_kv_rows = 0;
 };
 void launch_dense_kernel(const DenseKernelArgs& args, void* stream);
 

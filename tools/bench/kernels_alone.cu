@@ -80,6 +80,8 @@ void launch_dense_kernel(const DenseKernelArgs& a, void* stream) {
   p.softmax_scale = a.softmax_scale;
   p.out = as_bf16(a.out);
   p.lse = a.lse;
+  p.num_q_rows = a.num_q_rows;
+  p.num_kv_rows = a.num_kv_rows;
   launch_dense_mha(p, static_cast<cudaStream_t>(stream));
 }
 

@@ -369,6 +369,8 @@ class Runner {
       a.softmax_scale = static_cast<float>(default_softmax_scale());
       a.out = in.out.data();
       a.lse = in.lse.data();
+      a.num_q_rows = w.tokens();
+      a.num_kv_rows = w.kv_rows();
       return a;
     };
     r.samples_ms = dev::time_with_events(s, options_.warmup, options_.repeats,

@@ -610,6 +610,8 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   dp.softmax_scale = in.softmax_scale;
   dp.out = reinterpret_cast<__nv_bfloat16*>(in.out);
   dp.lse = in.lse;
+  dp.num_q_rows = plan.num_tokens;
+  dp.num_kv_rows = kv_rows;
   dp.first_key = dense_first_key_.size() > 0 ? dense_first_key_.data() : nullptr;
   launch_dense_mha(dp, stream);
   check_launch("launch_dense_mha");

@@ -4,8 +4,10 @@
 // work schedule (tile order): dense_mha_plan.cpp.
 #include "cuda/dense_mha/dense_mha.hpp"
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/common/launch.hpp"
@@ -19,6 +21,40 @@ void check_aligned(const void* ptr, std::size_t alignment, const char* name) {
   if (ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % alignment != 0)
     throw Error(std::string("launch_dense_mha: ") + name + " must be a non-null " + std::to_string(alignment) +
                 "-byte aligned pointer");
+}
+
+void check_rows(std::int64_t rows, const char* name) {
+  if (rows < 1 || rows > INT_MAX)
+    throw Error(std::string("launch_dense_mha: ") + name + " " + std::to_string(rows) + " is outside [1, 2^31)");
+}
+
+bool copy_producer_requested() {
+  const char* env = std::getenv("DSMLA_DENSE_TMA");
+  return env != nullptr && std::string(env) == "0";
+}
+
+// The TMA producer's views of q, kv_up and latent (DenseTensorMaps). The
+// pointers and row counts have been checked, so a map the driver rejects is a
+// bug, reported rather than run on the copy producer unnoticed.
+dense_mha_detail::DenseTensorMaps encode_tensor_maps(const DenseMhaParams& p) {
+  using namespace dense_mha_detail;
+  const std::uint64_t heads = static_cast<std::uint64_t>(p.num_heads);
+  const std::uint64_t q_row = kQkDim * 2, kv_row = kKvUpRow * 2, latent_row = kLatentKeyDim * 2;  // bytes
+  const auto q_rows = static_cast<std::uint64_t>(p.num_q_rows), kv_rows = static_cast<std::uint64_t>(p.num_kv_rows);
+  constexpr std::uint32_t kBox = kRowBytes;
+  DenseTensorMaps maps{};
+  const auto check = [](bool encoded, const char* name) {
+    if (!encoded) throw Error(std::string("launch_dense_mha: the driver rejected the tensor map of ") + name);
+  };
+  check(tma::encode_u8_3d_swizzle128(maps.q, p.q, {q_row, heads, q_rows}, {q_row, heads * q_row}, {kBox, 1, kWgRows}),
+        "q");
+  check(tma::encode_u8_3d_swizzle128(maps.kv_up, p.kv_up, {kv_row, heads, kv_rows}, {kv_row, heads * kv_row},
+                                     {kBox, 1, kKeyTile}),
+        "kv_up");
+  check(tma::encode_u8_3d_swizzle128(maps.latent, p.latent, {latent_row, kv_rows, 1},
+                                     {latent_row, kv_rows * latent_row}, {kBox, kKeyTile, 1}),
+        "latent");
+  return maps;
 }
 
 }  // namespace
@@ -39,11 +75,15 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   check_aligned(p.requests, alignof(DenseMhaRequest), "requests");
   check_aligned(p.work, alignof(DenseMhaWorkItem), "work");
   if (p.first_key != nullptr) check_aligned(p.first_key, alignof(std::int32_t), "first_key");
+  check_rows(p.num_q_rows, "num_q_rows");
+  check_rows(p.num_kv_rows, "num_kv_rows");
 
-  opt_in_shared_memory(reinterpret_cast<const void*>(dense_mha_detail::dense_mha_kernel), dense_mha_detail::kSmemBytes,
-                       "dense MHA kernel");
+  const bool use_tma = !copy_producer_requested();
+  const dense_mha_detail::DenseTensorMaps maps = use_tma ? encode_tensor_maps(p) : dense_mha_detail::DenseTensorMaps{};
+  const auto kernel = use_tma ? &dense_mha_detail::dense_mha_kernel<true> : &dense_mha_detail::dense_mha_kernel<false>;
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), dense_mha_detail::kSmemBytes, "dense MHA kernel");
   const dim3 grid(static_cast<unsigned>(p.num_work_items), static_cast<unsigned>(p.num_heads));
-  dense_mha_detail::dense_mha_kernel<<<grid, dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p);
+  kernel<<<grid, dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p, maps);
   check_launch("dense MHA kernel");
 }
 

@@ -45,6 +45,11 @@ struct DenseMhaParams {
   float softmax_scale = 0.f;
   __nv_bfloat16* out = nullptr;           // [T, H*128]
   float* lse = nullptr;                   // [T, H]
+  // T and kv_rows: the extents of the TMA producer's views of q, kv_up and
+  // latent (it reads whole tiles, so it may read other requests' rows around a
+  // request's own, never rows past these).
+  std::int64_t num_q_rows = 0;
+  std::int64_t num_kv_rows = 0;
   // Packed prompts (pack_dense_prompts): query row t sees keys [first_key[t], ctx_len + i]
   // of its request instead of [0, ctx_len + i]. Null: 0 for every row.
   const std::int32_t* first_key = nullptr;  // [T]
@@ -74,7 +79,9 @@ struct DenseMhaPacking {
 DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int num_rows);
 
 // Rows of out / lse that belong to no work item are not touched. q, kv_up,
-// latent and out must be 16-byte aligned (checked). Needs sm_90a (wgmma) and
+// latent and out must be 16-byte aligned, num_q_rows and num_kv_rows in
+// [1, 2^31) (checked). The tiles are loaded by TMA; DSMLA_DENSE_TMA=0 (read on
+// every launch) selects the cp.async producer instead, for comparisons. Needs sm_90a (wgmma) and
 // 209 KiB of shared memory per block. Asynchronous on `stream`; throws Error
 // on bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);

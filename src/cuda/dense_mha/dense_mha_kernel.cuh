@@ -25,16 +25,31 @@ struct Barriers {
 __device__ __forceinline__ int stage_of(int it) { return it % kStages; }
 __device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
 
-// Warpgroup 2: Q once, then every key tile of the block into the ring.
-__device__ __forceinline__ void produce(const DenseMhaParams& p, const BlockWork& w, const Barriers& bars,
-                                        std::uint8_t* smem) {
-  const TileLoader loader(static_cast<int>(threadIdx.x) - kConsumerThreads, p, w);
-  loader.load_q(smem);
-  pl::arrive_on_copies(bars.q_full());
-  for (int it = 0; it < w.key_tiles; ++it) {
-    pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
-    loader.load_kv(smem, w.key_tiles - 1 - it, stage_of(it));
-    pl::arrive_on_copies(bars.full(stage_of(it)));
+// Warpgroup 2: Q once, then every key tile of the block into the ring. kTma:
+// one thread issues the boxes (tma_load_q / tma_load_kv), each barrier expects
+// their bytes; else all 128 threads copy 16-byte chunks (TileLoader) and
+// arrive when theirs have landed.
+template <bool kTma>
+__device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTensorMaps& maps, const BlockWork& w,
+                                        const Barriers& bars, std::uint8_t* smem) {
+  if constexpr (kTma) {
+    if (threadIdx.x != kConsumerThreads) return;
+    pl::arrive_expect_tx(bars.q_full(), kWarpgroups * kQWgBytes);
+    tma_load_q(maps, w, bars.q_full(), smem);
+    for (int it = 0; it < w.key_tiles; ++it) {
+      pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
+      pl::arrive_expect_tx(bars.full(stage_of(it)), kStageBytes);
+      tma_load_kv(maps, w, bars.full(stage_of(it)), smem, w.key_tiles - 1 - it, stage_of(it));
+    }
+  } else {
+    const TileLoader loader(static_cast<int>(threadIdx.x) - kConsumerThreads, p, w);
+    loader.load_q(smem);
+    pl::arrive_on_copies(bars.q_full());
+    for (int it = 0; it < w.key_tiles; ++it) {
+      pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
+      loader.load_kv(smem, w.key_tiles - 1 - it, stage_of(it));
+      pl::arrive_on_copies(bars.full(stage_of(it)));
+    }
   }
 }
 
@@ -46,6 +61,7 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const BlockWork
 // would make ptxas serialise every wgmma of the loop (C7520), and such tiles
 // are rare (at most one per block, and none when ctx_len and the tile are
 // multiples of 128).
+template <bool kTma>
 __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
                                         const Barriers& bars, std::uint8_t* smem) {
   const std::uint32_t s_base = pl::smem_addr(smem);
@@ -82,13 +98,16 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
   // opening the other's; the last turn of consumer 1 opens none, so that
   // every arrival on a turn barrier meets a sync.
   if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  // The copy producer's cp.async writes are in the generic proxy and wgmma
+  // reads in the async proxy, hence a fence after each wait; TMA writes are
+  // in the async proxy already.
   pl::wait(bars.q_full(), 0);
-  pl::fence_smem_for_mma();  // the producer's cp.async writes (generic proxy), read by wgmma (async proxy)
+  if constexpr (!kTma) pl::fence_smem_for_mma();
   for (int it = 0; it < w.key_tiles; ++it) {
     const int tile = w.key_tiles - 1 - it;
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
     pl::wait(bars.full(stage_of(it)), phase_of(it));
-    pl::fence_smem_for_mma();
+    if constexpr (!kTma) pl::fence_smem_for_mma();
     pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
@@ -126,14 +145,18 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
   if (w.wg_active) store_output(p, w, c, softmax, o, smem);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const __grid_constant__ DenseMhaParams p) {
+// kTma: the TMA producer over `maps`, else the copy producer (`maps` unused).
+template <bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    dense_mha_kernel(const __grid_constant__ DenseMhaParams p, const __grid_constant__ DenseTensorMaps maps) {
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
-    pl::init(bars.q_full(), kProducerThreads);
+    const int producer_arrivals = kTma ? 1 : kProducerThreads;
+    pl::init(bars.q_full(), producer_arrivals);
     for (int st = 0; st < kStages; ++st) {
-      pl::init(bars.full(st), kProducerThreads);
+      pl::init(bars.full(st), producer_arrivals);
       pl::init(bars.empty(st), kConsumerThreads);
     }
     pl::fence_init();
@@ -143,10 +166,10 @@ __global__ void __launch_bounds__(kThreads, 1) dense_mha_kernel(const __grid_con
   const BlockWork w(p, c.warpgroup < kWarpgroups ? c.warpgroup : 0);
   if (c.warpgroup == kWarpgroups) {
     pl::shrink_registers<kProducerRegs>();
-    produce(p, w, bars, smem);
+    produce<kTma>(p, maps, w, bars, smem);
   } else {
     pl::grow_registers<kConsumerRegs>();
-    consume(p, w, c, bars, smem);
+    consume<kTma>(p, w, c, bars, smem);
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();

@@ -1,13 +1,15 @@
-// The dense kernel's per-tile work besides the softmax: the producer's
-// cp.async loads of the Q tile and of the K / V tiles into the swizzled
-// stages, and the consumers' products S = Q K^T and O += P V, issued
+// The dense kernel's per-tile work besides the softmax: the producer's loads
+// of the Q tile and of the K / V tiles into the swizzled stages (by TMA, or by
+// cp.async), and the consumers' products S = Q K^T and O += P V, issued
 // asynchronously (the kernel waits for them, dense_mha_kernel.cuh).
 #pragma once
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "cuda/common/pipeline.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/dense_mha/dense_layout.cuh"
 
@@ -16,7 +18,43 @@ namespace dsmla::cuda::dense_mha_detail {
 namespace pl = dsmla::cuda::pipeline;
 namespace mma = dsmla::cuda::wgmma;
 
-// The 16-byte chunks of Q / K / V a producer thread copies. It copies a fixed
+// The TMA producer's tensors, as bytes (dense_mha.cu encodes them): q as
+// [T][H][384 B], kv_up as [kv rows][H][512 B], the latent rows as [kv rows][1152 B];
+// every box is one 128-byte column block (64 bf16) of 64 query rows or kKeyTile
+// key rows, 128-byte swizzled by the copy engine as wgmma reads it. Rows past a
+// request's end are the neighbouring rows of the tensor (past its end: zeros),
+// never stored (query rows) or always masked (key rows), as the copy
+// producer's clamped rows.
+struct DenseTensorMaps {
+  CUtensorMap q, kv_up, latent;
+};
+
+// One thread issues a block's loads: Q (6 boxes, 48 KiB) on `bar`, which
+// must expect them.
+__device__ __forceinline__ void tma_load_q(const DenseTensorMaps& maps, const BlockWork& w, pl::Mbarrier* bar,
+                                           std::uint8_t* smem) {
+#pragma unroll
+  for (int wg = 0; wg < kWarpgroups; ++wg)
+#pragma unroll
+    for (int block = 0; block < kQkBlocks; ++block)
+      tma::load_box_3d(&maps.q, bar, smem + q_block(wg, block), block * kRowBytes, w.head,
+                       w.req.q_start + w.m0 + wg * kWgRows);
+}
+
+// Key tile `tile` of the block into `stage` (5 boxes, 80 KiB) on `bar`: k_nope
+// and v from kv_up, k_pe from the latent rows.
+__device__ __forceinline__ void tma_load_kv(const DenseTensorMaps& maps, const BlockWork& w, pl::Mbarrier* bar,
+                                            std::uint8_t* smem, int tile, int stage) {
+  const int row = static_cast<int>(w.req.kv_row_start) + tile * kKeyTile;  // kv rows < 2^31 (launch_dense_mha)
+#pragma unroll
+  for (int block = 0; block < kNope / 64; ++block) {
+    tma::load_box_3d(&maps.kv_up, bar, smem + k_block(stage, block), block * kRowBytes, w.head, row);
+    tma::load_box_3d(&maps.kv_up, bar, smem + v_block(stage, block), (kNope / 64 + block) * kRowBytes, w.head, row);
+  }
+  tma::load_box_3d(&maps.latent, bar, smem + k_block(stage, kQkBlocks - 1), kLatentDim * 2, row, 0);
+}
+
+// The 16-byte chunks of Q / K / V a copy-producer thread copies. It copies a fixed
 // column chunk of every 8th row (columns 0..127 of Q / K, and V) or of every
 // 16th row (columns 128..191: q_pe / k_pe), so the swizzle term is the same
 // for all its rows and one row pointer serves K and V. Rows past q_len /

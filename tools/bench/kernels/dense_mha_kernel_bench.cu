@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
     p.softmax_scale = scale;
     p.out = out;
     p.lse = lse;
+    p.num_q_rows = T;
+    p.num_kv_rows = kv_rows;
     dsmla::cuda::launch_dense_mha(p, nullptr);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
