@@ -177,6 +177,7 @@ DenseOutputs expect_matches_reference(const Batch& batch, int H, bool pack) {
   DeviceBuffer<float> d_lse(lse_elems);
   DeviceBuffer<DenseMhaRequest> d_req(requests.size());
   DeviceBuffer<DenseMhaWorkItem> d_work(work.size());
+  DeviceBuffer<std::int32_t> d_counter(1);
   DSMLA_CUDA_CHECK(cudaMemcpy(d_q.data(), q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   DSMLA_CUDA_CHECK(cudaMemcpy(d_kv.data(), kv_up.data(), kv_up.size() * 2, cudaMemcpyHostToDevice));
   DSMLA_CUDA_CHECK(cudaMemcpy(d_lat.data(), latent.data(), latent.size() * 2, cudaMemcpyHostToDevice));
@@ -199,6 +200,7 @@ DenseOutputs expect_matches_reference(const Batch& batch, int H, bool pack) {
   p.lse = d_lse.data();
   p.num_q_rows = batch.num_rows;
   p.num_kv_rows = batch.kv_rows;
+  p.unit_counter = d_counter.data();
   p.first_key = pack ? d_first_key.data() : nullptr;
   launch_dense_mha(p, nullptr);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -281,25 +283,30 @@ TEST_P(DenseMhaGpuTest, PackedPromptsMatchCpuReference) {
   expect_matches_reference(packed_batch(), GetParam(), true);
 }
 
-// The TMA producer (the default) reads whole tiles, the rows around a request
-// included; the copy producer (DSMLA_DENSE_TMA=0) clamps to the request's rows.
-// Those rows are never stored or always masked, so the outputs agree bit for bit.
-TEST_P(DenseMhaGpuTest, TmaAndCopyProducersGiveIdenticalOutputs) {
+// Every block count computes every unit the same way, so the outputs agree
+// bit for bit: a block per unit (DSMLA_DENSE_GRID=units), 3 blocks (each runs
+// dozens of units: the key-tile ring, the Q buffer and the unit slots wrap
+// many times) and the default, a block per SM.
+TEST_P(DenseMhaGpuTest, EveryGridSizeGivesTheSameOutputs) {
   DSMLA_SKIP_WITHOUT_GPU();
   struct UnsetOnExit {
-    ~UnsetOnExit() { unsetenv("DSMLA_DENSE_TMA"); }
+    ~UnsetOnExit() { unsetenv("DSMLA_DENSE_GRID"); }
   } unset_on_exit;
   for (const bool pack : {false, true}) {
     const Batch batch = pack ? packed_batch() : mixed_batch();
-    ASSERT_EQ(setenv("DSMLA_DENSE_TMA", "0", 1), 0);
-    const DenseOutputs copied = expect_matches_reference(batch, GetParam(), pack);
-    ASSERT_EQ(unsetenv("DSMLA_DENSE_TMA"), 0);
-    const DenseOutputs tma = expect_matches_reference(batch, GetParam(), pack);
-    ASSERT_EQ(copied.out.size(), tma.out.size());
-    ASSERT_EQ(copied.lse.size(), tma.lse.size());
-    EXPECT_TRUE(copied.out == tma.out) << (pack ? "packed" : "mixed") << " batch: outputs differ";
-    EXPECT_EQ(std::memcmp(copied.lse.data(), tma.lse.data(), tma.lse.size() * sizeof(float)), 0)
-        << (pack ? "packed" : "mixed") << " batch: lse differs";
+    ASSERT_EQ(setenv("DSMLA_DENSE_GRID", "units", 1), 0);
+    const DenseOutputs one_per_block = expect_matches_reference(batch, GetParam(), pack);
+    for (const char* grid : {"3", ""}) {
+      if (*grid != 0) ASSERT_EQ(setenv("DSMLA_DENSE_GRID", grid, 1), 0);
+      else ASSERT_EQ(unsetenv("DSMLA_DENSE_GRID"), 0);
+      const DenseOutputs got = expect_matches_reference(batch, GetParam(), pack);
+      const std::string what = std::string(pack ? "packed" : "mixed") + " batch, grid '" + grid + "': ";
+      ASSERT_EQ(one_per_block.out.size(), got.out.size());
+      ASSERT_EQ(one_per_block.lse.size(), got.lse.size());
+      EXPECT_TRUE(one_per_block.out == got.out) << what << "outputs differ";
+      EXPECT_EQ(std::memcmp(one_per_block.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)), 0)
+          << what << "lse differs";
+    }
   }
 }
 
@@ -416,6 +423,7 @@ TEST(DenseMhaLaunch, RejectsBadParameters) {
   p.softmax_scale = 0.1f;
   p.num_q_rows = 1;
   p.num_kv_rows = 1;
+  p.unit_counter = reinterpret_cast<std::int32_t*>(storage);
   auto message = [](const DenseMhaParams& bad) {
     try {
       launch_dense_mha(bad, nullptr);
@@ -442,6 +450,9 @@ TEST(DenseMhaLaunch, RejectsBadParameters) {
   bad = p;
   bad.num_q_rows = std::int64_t{1} << 31;
   EXPECT_NE(message(bad).find("num_q_rows 2147483648"), std::string::npos);
+  bad = p;
+  bad.unit_counter = nullptr;
+  EXPECT_NE(message(bad).find("unit_counter"), std::string::npos);
 }
 
 }  // namespace

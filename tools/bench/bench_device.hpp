@@ -174,6 +174,7 @@ struct DenseSchedule {
   DeviceBuffer<DenseMhaRequest> requests;
   DeviceBuffer<DenseMhaWorkItem> work;
   int num_work_items = 0;
+  mutable DeviceBuffer<std::int32_t> unit_counter{1};  // the kernel's scratch (written by every launch)
 };
 DenseSchedule upload_dense_schedule(std::span<const DenseRequest> requests);
 

@@ -82,6 +82,7 @@ void launch_dense_kernel(const DenseKernelArgs& a, void* stream) {
   p.lse = a.lse;
   p.num_q_rows = a.num_q_rows;
   p.num_kv_rows = a.num_kv_rows;
+  p.unit_counter = a.schedule->unit_counter.data();
   launch_dense_mha(p, static_cast<cudaStream_t>(stream));
 }
 

@@ -217,6 +217,7 @@ class CudaBackend final : public BackendImpl {
     DSMLA_CUBLAS_CHECK(cublasCreate(&cublas_));
     try {
       cublas_workspace_.resize(kCublasWorkspaceBytes);
+      dense_unit_counter_.resize(1);
       const char* stage = std::getenv("DSMLA_STAGE_LATENT");
       stage_latent_ = stage == nullptr || std::strcmp(stage, "0") != 0;
       const char* overlap = std::getenv("DSMLA_OVERLAP_PATHS");
@@ -287,6 +288,7 @@ class CudaBackend final : public BackendImpl {
   DeviceBuffer<DenseMhaRequest> dense_requests_;
   DeviceBuffer<DenseMhaWorkItem> dense_work_;
   DeviceBuffer<std::int32_t> dense_first_key_;  // [T] when short prompts share query tiles, else empty
+  DeviceBuffer<std::int32_t> dense_unit_counter_;  // the dense kernel's scratch (one launch per run, one stream)
   DeviceBuffer<IndexerRow> indexer_rows_;      // = plan.indexer_rows
   DeviceBuffer<std::int32_t> topk_fill_counts_;  // [T]: TopkFillParams::fill_counts
 };
@@ -612,6 +614,7 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   dp.lse = in.lse;
   dp.num_q_rows = plan.num_tokens;
   dp.num_kv_rows = kv_rows;
+  dp.unit_counter = dense_unit_counter_.data();
   dp.first_key = dense_first_key_.size() > 0 ? dense_first_key_.data() : nullptr;
   launch_dense_mha(dp, stream);
   check_launch("launch_dense_mha");

@@ -2,13 +2,18 @@
 // kernel (dense_mha_kernel.cuh; DESIGN §2, short-prefill path).
 //
 // Work split
-//   One thread block = one work item (kQueryTile query rows of one request) x
-//   one head (grid = [work items, H]). Three warpgroups, warp-specialised:
-//   warpgroup 2 (the producer) copies Q once and the K / V tiles into a ring
-//   of kStages stages (cp.async, one mbarrier pair per stage); consumer
-//   warpgroup w (0, 1) owns query rows [64w, 64w + 64) of the tile for the
-//   whole key range, the softmax statistics of a row live in the 4 lanes of
-//   a quad.
+//   A unit = one work item (kQueryTile query rows of one request) x one head;
+//   unit u is item u % items, head u / items (the items longest first, so a
+//   head's items run together as they did in a [items, H] grid). The grid is
+//   persistent, one block per SM: a block takes unit blockIdx.x, then the next
+//   unit of a counter shared by the grid (atomicAdd), until none is left.
+//   Three warpgroups, warp-specialised: one thread of warpgroup 2 (the
+//   producer) fetches the units, publishes each in a two-slot ring, and loads
+//   each unit's first key tile, its Q and its other key tiles by TMA into a
+//   ring of kStages stages (one mbarrier pair per stage), running into the next
+//   unit while the consumers finish the current one; consumer warpgroup w
+//   (0, 1) owns query rows [64w, 64w + 64) of the unit for the whole key
+//   range, the softmax statistics of a row live in the 4 lanes of a quad.
 //   Keys of request r, head h: K(s) = [kv_up[s, h, 0:128] | latent[s, 512:576]]
 //   (k_pe is read straight from the latent rows, shared by all heads: no
 //   concatenated copy), V(s) = kv_up[s, h, 128:256].
@@ -28,18 +33,19 @@
 //   per stage (kStages = 2), kKeyTile = 128 keys:
 //     sK  3 column blocks x [128 keys x 64 bf16]   K-major B of S = Q K^T    48 KiB
 //     sV  2 column blocks x [128 keys x 64 bf16]   MN-major B of O += P V    32 KiB
-//   208 KiB in all (+ barriers): one block (12 warps) per SM.
+//   sO  8 warps x [16 rows x 64 bf16]: the epilogue's staging, half a row at a time  16 KiB
+//   224 KiB in all (+ barriers, unit slots): one block (12 warps) per SM.
 //   Column block c holds head dims [64c, 64c + 64); for Q and K block 2 is the
-//   rope part. The epilogue stages each warpgroup's output in its own sQ.
+//   rope part. sO is not sQ, so the next unit's Q can land during the epilogue.
 //
 // Measured alternatives that were slower on the H200 (the kernel before the
 // warp specialisation, NOTES.md): 64-key tiles with 3 stages (-4..9 %), and
 // 64-key tiles where tile j's S GEMM and softmax overlap tile j-1's P V GEMM
 // (-2..7 %); the mma.sync (FA2-style) version ran at 0.6x.
 //
-// Rows past q_len inside the last tile, and key rows past seq_len inside the
-// last key tile, read a clamped valid row (finite data, never stored / always
-// masked), so no zero fill is needed and nothing outside the inputs is read.
+// Query rows past q_len inside the last tile, and key rows past seq_len inside
+// the last key tile, are the neighbouring rows of the tensors (past their
+// ends, the copy engine's zeros): finite, never stored / always masked.
 #pragma once
 #include <cstdint>
 
@@ -87,12 +93,19 @@ inline constexpr int kKBytes = kQkBlocks * kKeyBlockBytes;
 inline constexpr int kVBytes = kVBlocks * kKeyBlockBytes;
 inline constexpr int kStageBytes = kKBytes + kVBytes;
 
+inline constexpr int kOutStageRows = 16;  // a warp's rows of the output
+inline constexpr int kOutStageBytes = kOutStageRows * kRowBytes;  // one 64-column half of them
+
 // Byte offsets from the 1024-byte aligned base.
 inline constexpr int kSmemQ = 0;
 inline constexpr int kSmemStages = kSmemQ + kWarpgroups * kQWgBytes;
-inline constexpr int kSmemBars = kSmemStages + kStages * kStageBytes;  // 208 KiB of tiles, then the barriers
-inline constexpr int kNumBars = 1 + 2 * kStages;                       // q_full, full[kStages], empty[kStages]
-inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
+inline constexpr int kSmemOut = kSmemStages + kStages * kStageBytes;
+inline constexpr int kSmemBars = kSmemOut + kConsumerThreads / 32 * kOutStageBytes;  // 224 KiB, then the barriers
+inline constexpr int kUnitSlots = 2;
+// q_full, q_empty, full[kStages], empty[kStages], unit_full[kUnitSlots], unit_empty[kUnitSlots]
+inline constexpr int kNumBars = 2 + 2 * kStages + 2 * kUnitSlots;
+inline constexpr int kSmemUnits = kSmemBars + kNumBars * 8;  // int32 unit index per slot
+inline constexpr int kSmemUsed = kSmemUnits + kUnitSlots * 4;
 inline constexpr std::uint32_t kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
 static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");
@@ -106,6 +119,7 @@ __host__ __device__ constexpr std::uint32_t k_block(int stage, int block) {
 __host__ __device__ constexpr std::uint32_t v_block(int stage, int block) {
   return kSmemStages + stage * kStageBytes + kKBytes + block * kKeyBlockBytes;
 }
+__host__ __device__ constexpr std::uint32_t out_stage(int warp) { return kSmemOut + warp * kOutStageBytes; }
 
 // Offset of 16-byte chunk `chunk` of row `row` in rows of kRowLength bytes,
 // XOR-swizzled over 8 rows. With 128-byte rows (chunk 0..7) this is wgmma's
@@ -137,8 +151,8 @@ struct FragmentCoords {
   __device__ int row() const { return warp_in_wg * 16 + row_in_warp; }
 };
 
-// What one block works on: a tile of query rows of one request, one head;
-// and the part of it that belongs to this thread's warpgroup.
+// What one unit is: a tile of query rows of one request, one head; and the
+// part of it that belongs to warpgroup `warpgroup`.
 struct BlockWork {
   DenseMhaRequest req;
   int head;
@@ -150,10 +164,10 @@ struct BlockWork {
   int wg_first_limit;  // last key the warpgroup's first row sees
   int wg_key_tiles;    // key tiles any row of the warpgroup sees (0 when inactive)
 
-  __device__ BlockWork(const DenseMhaParams& p, int warpgroup) {
-    const DenseMhaWorkItem item = p.work[blockIdx.x];
+  __device__ BlockWork(const DenseMhaParams& p, int unit, int warpgroup) {
+    const DenseMhaWorkItem item = p.work[unit % p.num_work_items];
     req = p.requests[item.request];
-    head = blockIdx.y;
+    head = unit / p.num_work_items;
     m0 = item.q_tile_start;
     kv_len = req.ctx_len + req.q_len;
     key_tiles = (req.ctx_len + min(m0 + kQueryTile, req.q_len) - 1) / kKeyTile + 1;

@@ -4,6 +4,7 @@
 // work schedule (tile order): dense_mha_plan.cpp.
 #include "cuda/dense_mha/dense_mha.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -28,9 +29,15 @@ void check_rows(std::int64_t rows, const char* name) {
     throw Error(std::string("launch_dense_mha: ") + name + " " + std::to_string(rows) + " is outside [1, 2^31)");
 }
 
-bool copy_producer_requested() {
-  const char* env = std::getenv("DSMLA_DENSE_TMA");
-  return env != nullptr && std::string(env) == "0";
+// A block per SM; DSMLA_DENSE_GRID (read on every launch, for comparisons and
+// tests) sets another block count, or "units" for a block per unit.
+std::int64_t grid_blocks(std::int64_t units) {
+  std::int64_t blocks = multiprocessor_count();
+  if (const char* env = std::getenv("DSMLA_DENSE_GRID")) {
+    if (std::string(env) == "units") blocks = units;
+    else if (std::atoll(env) >= 1) blocks = std::atoll(env);
+  }
+  return std::min(blocks, units);
 }
 
 // The TMA producer's views of q, kv_up and latent (DenseTensorMaps). The
@@ -78,12 +85,17 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   check_rows(p.num_q_rows, "num_q_rows");
   check_rows(p.num_kv_rows, "num_kv_rows");
 
-  const bool use_tma = !copy_producer_requested();
-  const dense_mha_detail::DenseTensorMaps maps = use_tma ? encode_tensor_maps(p) : dense_mha_detail::DenseTensorMaps{};
-  const auto kernel = use_tma ? &dense_mha_detail::dense_mha_kernel<true> : &dense_mha_detail::dense_mha_kernel<false>;
+  check_aligned(p.unit_counter, alignof(std::int32_t), "unit_counter");
+  const std::int64_t units = std::int64_t{p.num_work_items} * p.num_heads;
+  if (units > INT_MAX)
+    throw Error("launch_dense_mha: " + std::to_string(units) + " units (work items x heads) exceed 2^31 - 1");
+
+  const dense_mha_detail::DenseTensorMaps maps = encode_tensor_maps(p);
+  const auto kernel = &dense_mha_detail::dense_mha_kernel;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), dense_mha_detail::kSmemBytes, "dense MHA kernel");
-  const dim3 grid(static_cast<unsigned>(p.num_work_items), static_cast<unsigned>(p.num_heads));
-  kernel<<<grid, dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p, maps);
+  const std::int64_t blocks = grid_blocks(units);
+  check_cuda(cudaMemsetAsync(p.unit_counter, 0, sizeof(std::int32_t), stream), "launch_dense_mha: unit counter reset");
+  kernel<<<static_cast<unsigned>(blocks), dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p, maps);
   check_launch("dense MHA kernel");
 }
 

@@ -14,7 +14,7 @@
 
 namespace dsmla::cuda {
 
-// Query rows per work item (one thread block per work item and head).
+// Query rows per work item (a unit of the kernel's persistent grid is a work item and a head).
 inline constexpr int kDenseMhaQueryTile = 128;
 // Key rows per pipeline stage inside the kernel.
 inline constexpr int kDenseMhaKeyTile = 128;
@@ -50,6 +50,9 @@ struct DenseMhaParams {
   // request's own, never rows past these).
   std::int64_t num_q_rows = 0;
   std::int64_t num_kv_rows = 0;
+  // 4 bytes of device scratch: the persistent grid's unit counter, zeroed by
+  // launch_dense_mha on its stream. Launches that may overlap need their own.
+  std::int32_t* unit_counter = nullptr;
   // Packed prompts (pack_dense_prompts): query row t sees keys [first_key[t], ctx_len + i]
   // of its request instead of [0, ctx_len + i]. Null: 0 for every row.
   const std::int32_t* first_key = nullptr;  // [T]
@@ -80,8 +83,8 @@ DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int n
 
 // Rows of out / lse that belong to no work item are not touched. q, kv_up,
 // latent and out must be 16-byte aligned, num_q_rows and num_kv_rows in
-// [1, 2^31) (checked). The tiles are loaded by TMA; DSMLA_DENSE_TMA=0 (read on
-// every launch) selects the cp.async producer instead, for comparisons. Needs sm_90a (wgmma) and
+// [1, 2^31), unit_counter non-null (checked). The grid is persistent, a block
+// per SM (DSMLA_DENSE_GRID, dense_mha.cu, changes that for comparisons). Needs sm_90a (wgmma) and
 // 209 KiB of shared memory per block. Asynchronous on `stream`; throws Error
 // on bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);

@@ -1,6 +1,7 @@
-// The dense causal varlen MHA kernel (wgmma, sm_90a), warp-specialised.
-// Shapes, roles, ping-pong and shared-memory plan: dense_layout.cuh; loads and
-// products: mainloop.cuh; mask and softmax: softmax_mask.cuh; output: epilogue.cuh.
+// The dense causal varlen MHA kernel (wgmma, sm_90a), warp-specialised and
+// persistent. Shapes, roles, ping-pong and shared-memory plan: dense_layout.cuh;
+// loads and products: mainloop.cuh; mask and softmax: softmax_mask.cuh;
+// output: epilogue.cuh.
 #pragma once
 #include <cstdint>
 
@@ -15,55 +16,66 @@ namespace dsmla::cuda::dense_mha_detail {
 
 struct Barriers {
   pl::Mbarrier* base;
-  __device__ pl::Mbarrier* q_full() const { return base; }
-  __device__ pl::Mbarrier* full(int stage) const { return base + 1 + stage; }   // the producer's copies landed
-  __device__ pl::Mbarrier* empty(int stage) const { return base + 1 + kStages + stage; }  // both consumers done
+  __device__ pl::Mbarrier* q_full() const { return base; }       // the unit's Q landed
+  __device__ pl::Mbarrier* q_empty() const { return base + 1; }  // both consumers' last S of the unit done
+  __device__ pl::Mbarrier* full(int stage) const { return base + 2 + stage; }  // the stage's key tile landed
+  __device__ pl::Mbarrier* empty(int stage) const { return base + 2 + kStages + stage; }  // both consumers done
+  __device__ pl::Mbarrier* unit_full(int slot) const { return base + 2 + 2 * kStages + slot; }  // unit published
+  __device__ pl::Mbarrier* unit_empty(int slot) const {  // both consumers read it
+    return base + 2 + 2 * kStages + kUnitSlots + slot;
+  }
 };
 
-// Step `it` of the block's key loop reads tile key_tiles - 1 - it from stage
-// it % kStages, in that stage's use (it / kStages).
-__device__ __forceinline__ int stage_of(int it) { return it % kStages; }
-__device__ __forceinline__ int phase_of(int it) { return (it / kStages) & 1; }
+// The ring of key tiles runs on across a block's units: the block's g-th tile
+// (counting from its first unit) sits in stage g % kStages, in that stage's
+// use g / kStages. Units take their slots and Q buffer uses in turn likewise.
+__device__ __forceinline__ int stage_of(int g) { return g % kStages; }
+__device__ __forceinline__ int phase_of(int g) { return (g / kStages) & 1; }
+__device__ __forceinline__ int slot_of(int n) { return n % kUnitSlots; }
+__device__ __forceinline__ int slot_phase_of(int n) { return (n / kUnitSlots) & 1; }
 
-// Warpgroup 2: Q once, then every key tile of the block into the ring. kTma:
-// one thread issues the boxes (tma_load_q / tma_load_kv), each barrier expects
-// their bytes; else all 128 threads copy 16-byte chunks (TileLoader) and
-// arrive when theirs have landed.
-template <bool kTma>
-__device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTensorMaps& maps, const BlockWork& w,
-                                        const Barriers& bars, std::uint8_t* smem) {
-  if constexpr (kTma) {
-    if (threadIdx.x != kConsumerThreads) return;
-    pl::arrive_expect_tx(bars.q_full(), kWarpgroups * kQWgBytes);
-    tma_load_q(maps, w, bars.q_full(), smem);
-    for (int it = 0; it < w.key_tiles; ++it) {
-      pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
-      pl::arrive_expect_tx(bars.full(stage_of(it)), kStageBytes);
-      tma_load_kv(maps, w, bars.full(stage_of(it)), smem, w.key_tiles - 1 - it, stage_of(it));
+// The producer: one thread of warpgroup 2. For every unit of the block: publish
+// it, load its first key tile (the previous unit's last tiles may still occupy
+// the other stage), then its Q once the consumers' last S of the previous unit
+// has read the old one, then its other tiles. Each barrier expects the bytes
+// of its boxes. The next unit index is fetched while the current one loads; a
+// published index >= total_units tells the consumers to stop.
+__device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTensorMaps& maps, const Barriers& bars,
+                                        std::uint8_t* smem, int total_units) {
+  auto* units = reinterpret_cast<volatile std::int32_t*>(smem + kSmemUnits);
+  int unit = static_cast<int>(blockIdx.x);
+  int g = 0;
+  for (int n = 0;; ++n) {
+    pl::wait(bars.unit_empty(slot_of(n)), slot_phase_of(n) ^ 1);
+    units[slot_of(n)] = unit;
+    pl::arrive(bars.unit_full(slot_of(n)));
+    if (unit >= total_units) break;
+    const int next = atomicAdd(p.unit_counter, 1) + static_cast<int>(gridDim.x);
+    const BlockWork w(p, unit, 0);
+    for (int it = 0; it < w.key_tiles; ++it, ++g) {
+      pl::wait(bars.empty(stage_of(g)), phase_of(g) ^ 1);
+      pl::arrive_expect_tx(bars.full(stage_of(g)), kStageBytes);
+      tma_load_kv(maps, w, bars.full(stage_of(g)), smem, w.key_tiles - 1 - it, stage_of(g));
+      if (it == 0) {
+        pl::wait(bars.q_empty(), (n & 1) ^ 1);
+        pl::arrive_expect_tx(bars.q_full(), kWarpgroups * kQWgBytes);
+        tma_load_q(maps, w, bars.q_full(), smem);
+      }
     }
-  } else {
-    const TileLoader loader(static_cast<int>(threadIdx.x) - kConsumerThreads, p, w);
-    loader.load_q(smem);
-    pl::arrive_on_copies(bars.q_full());
-    for (int it = 0; it < w.key_tiles; ++it) {
-      pl::wait(bars.empty(stage_of(it)), phase_of(it) ^ 1);
-      loader.load_kv(smem, w.key_tiles - 1 - it, stage_of(it));
-      pl::arrive_on_copies(bars.full(stage_of(it)));
-    }
+    unit = next;
   }
 }
 
-// Consumer warpgroup c.warpgroup: its 64 rows over every key tile of the
-// block. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn, then
-// does the softmax of S_it while the other consumer's products run. A tile
-// past all of the warpgroup's rows (or any tile, for a warpgroup with no
-// rows) still has its products issued, with P = 0: a branch around them
-// would make ptxas serialise every wgmma of the loop (C7520), and such tiles
-// are rare (at most one per block, and none when ctx_len and the tile are
-// multiples of 128).
-template <bool kTma>
-__device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
-                                        const Barriers& bars, std::uint8_t* smem) {
+// One unit of consumer warpgroup c.warpgroup: its 64 rows over every key tile
+// of the unit. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn,
+// then does the softmax of S_it while the other consumer's products run. A
+// tile past all of the warpgroup's rows (or any tile, for a warpgroup with no
+// rows) still has its products issued, with P = 0: a branch around them would
+// make ptxas serialise every wgmma of the loop (C7520), and such tiles are rare
+// (at most one per unit, and none when ctx_len and the tile are multiples of
+// 128). `g` is the block's tile count before the unit, `n` its unit count.
+__device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
+                                             const Barriers& bars, std::uint8_t* smem, int g, int n) {
   const std::uint32_t s_base = pl::smem_addr(smem);
   const int me = c.warpgroup, other = 1 - c.warpgroup;
   float o[kOHalves][kOHalfRegs];
@@ -94,33 +106,25 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
     for (int h = 0; h < kOHalves; ++h) mma::fence_operands(o[h]);
   };
 
-  // Consumer 0 goes first: consumer 1 opens its turn. Each turn ends by
-  // opening the other's; the last turn of consumer 1 opens none, so that
-  // every arrival on a turn barrier meets a sync.
-  if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
-  // The copy producer's cp.async writes are in the generic proxy and wgmma
-  // reads in the async proxy, hence a fence after each wait; TMA writes are
-  // in the async proxy already.
-  pl::wait(bars.q_full(), 0);
-  if constexpr (!kTma) pl::fence_smem_for_mma();
+  pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
   for (int it = 0; it < w.key_tiles; ++it) {
     const int tile = w.key_tiles - 1 - it;
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
-    pl::wait(bars.full(stage_of(it)), phase_of(it));
-    if constexpr (!kTma) pl::fence_smem_for_mma();
+    pl::wait(bars.full(stage_of(g + it)), phase_of(g + it));
     pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
-    issue_s(s_base, me, stage_of(it), s);
-    // At step 0, P is still 0: its "previous" tile is stage 0 (loaded, finite).
-    issue_pv(s_base, stage_of(it > 0 ? it - 1 : 0), p_frag, o);
+    issue_s(s_base, me, stage_of(g + it), s);
+    // At step 0, P is still 0: its "previous" tile is this one (loaded, finite).
+    issue_pv(s_base, stage_of(it > 0 ? g + it - 1 : g), p_frag, o);
     mma::commit();
-    if (me == 0 || it + 1 < w.key_tiles) pl::named_arrive(kConsumerThreads, kTurn + other);
+    pl::named_arrive(kConsumerThreads, kTurn + other);
     mma::wait<0>();
     mma::fence_operands(s);
     fence_o();
     mma::fence_operands(p_frag);
-    if (it > 0) pl::arrive(bars.empty(stage_of(it - 1)));  // P V of the previous tile done: its stage is free
+    if (it > 0) pl::arrive(bars.empty(stage_of(g + it - 1)));  // P V of the previous tile done: its stage is free
+    if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());    // the unit's last S done: its Q is free
     if (live) {
       mask_causal(s, tile, w.wg_first_limit, first_key, c);
       float alpha[2];
@@ -132,44 +136,66 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const BlockWork
     }
   }
   // The last tile's P V, outside the turns.
-  if (w.key_tiles > 0) {
-    fence_o();
-    mma::fence();
-    issue_pv(s_base, stage_of(w.key_tiles - 1), p_frag, o);
-    mma::commit();
-    mma::wait<0>();
-    fence_o();
-    mma::fence_operands(p_frag);
-    pl::arrive(bars.empty(stage_of(w.key_tiles - 1)));
-  }
+  fence_o();
+  mma::fence();
+  issue_pv(s_base, stage_of(g + w.key_tiles - 1), p_frag, o);
+  mma::commit();
+  mma::wait<0>();
+  fence_o();
+  mma::fence_operands(p_frag);
+  pl::arrive(bars.empty(stage_of(g + w.key_tiles - 1)));
   if (w.wg_active) store_output(p, w, c, softmax, o, smem);
 }
 
-// kTma: the TMA producer over `maps`, else the copy producer (`maps` unused).
-template <bool kTma>
+// The consumers: units until the producer publishes the end. Consumer 0 takes
+// the first turn (consumer 1 opens it) and every turn opens the other's, so
+// consumer 1's last turn opens one that consumer 0 closes at the end: every
+// arrival on a turn barrier meets a sync.
+__device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
+                                        std::uint8_t* smem, int total_units) {
+  const auto* units = reinterpret_cast<const volatile std::int32_t*>(smem + kSmemUnits);
+  if (c.warpgroup == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  int g = 0;
+  for (int n = 0;; ++n) {
+    pl::wait(bars.unit_full(slot_of(n)), slot_phase_of(n));
+    const int unit = units[slot_of(n)];
+    pl::arrive(bars.unit_empty(slot_of(n)));
+    if (unit >= total_units) break;
+    const BlockWork w(p, unit, c.warpgroup);
+    consume_unit(p, w, c, bars, smem, g, n);
+    g += w.key_tiles;
+  }
+  if (c.warpgroup == 0) pl::named_sync(kConsumerThreads, kTurn + 0);
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     dense_mha_kernel(const __grid_constant__ DenseMhaParams p, const __grid_constant__ DenseTensorMaps maps) {
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
-    const int producer_arrivals = kTma ? 1 : kProducerThreads;
-    pl::init(bars.q_full(), producer_arrivals);
+    pl::init(bars.q_full(), 1);
+    pl::init(bars.q_empty(), kConsumerThreads);
     for (int st = 0; st < kStages; ++st) {
-      pl::init(bars.full(st), producer_arrivals);
+      pl::init(bars.full(st), 1);
       pl::init(bars.empty(st), kConsumerThreads);
+    }
+    for (int slot = 0; slot < kUnitSlots; ++slot) {
+      pl::init(bars.unit_full(slot), 1);
+      pl::init(bars.unit_empty(slot), kConsumerThreads);
     }
     pl::fence_init();
   }
   __syncthreads();
+  const int total_units = p.num_work_items * p.num_heads;  // < 2^31 (launch_dense_mha)
   const FragmentCoords c(threadIdx.x);
-  const BlockWork w(p, c.warpgroup < kWarpgroups ? c.warpgroup : 0);
   if (c.warpgroup == kWarpgroups) {
     pl::shrink_registers<kProducerRegs>();
-    produce<kTma>(p, maps, w, bars, smem);
+    if (threadIdx.x == kConsumerThreads) produce(p, maps, bars, smem, total_units);
+    __syncwarp();  // the producer's warp reaches the final barrier together
   } else {
     pl::grow_registers<kConsumerRegs>();
-    consume<kTma>(p, w, c, bars, smem);
+    consume(p, c, bars, smem, total_units);
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();

@@ -13,14 +13,14 @@
 namespace dsmla::cuda::dense_mha_detail {
 
 // Writes this warpgroup's rows (those below q_len). Each warp stages its
-// 16 x kVDim bf16 output in its warpgroup's Q blocks (every wgmma read of them
-// has completed), so that the global stores are whole 16-byte chunks of rows
-// instead of the accumulators' 4-byte pairs.
+// 16 x kVDim bf16 output in its own sO block, one 64-column half at a time, so
+// that the global stores are whole 16-byte chunks (a 128-byte line per 8 lanes)
+// instead of the accumulators' 4-byte pairs. sO is not sQ: the next unit's Q may
+// be landing meanwhile.
 __device__ __forceinline__ void store_output(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
                                              const OnlineSoftmax& softmax, const float (&o)[kOHalves][kOHalfRegs],
                                              std::uint8_t* smem) {
-  constexpr int kOutRowBytes = kVDim * 2;
-  constexpr int kOutChunks = kOutRowBytes / 16;  // 16-byte chunks of an output row
+  constexpr int kHalfChunks = kRowBytes / 16;  // 16-byte chunks of a 64-column half row
   const int num_heads = p.num_heads;
   float inv_sum[2];
 #pragma unroll
@@ -33,7 +33,16 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
       p.lse[(static_cast<std::int64_t>(w.req.q_start) + row) * num_heads + w.head] = lse;
     }
   }
-  std::uint8_t* staged = smem + q_block(c.warpgroup, 0) + c.warp_in_wg * 16 * kOutRowBytes;
+  // The staging offsets below depend on the lane only; left visible, the
+  // compiler computes all 16 of them once before the persistent unit loop and
+  // keeps them live through the main loop (spilled). Opaque per unit instead.
+  int row_in_warp = c.row_in_warp, lane = c.lane;
+  asm volatile("" : "+r"(row_in_warp), "+r"(lane));
+  std::uint8_t* staged = smem + out_stage(c.warpgroup * 4 + c.warp_in_wg);
+  const std::int64_t out_row_stride = static_cast<std::int64_t>(num_heads) * kVDim;
+  __nv_bfloat16* out_warp = p.out + (static_cast<std::int64_t>(w.req.q_start) + w.wg_row0 + c.warp_in_wg * 16) *
+                                        out_row_stride + w.head * kVDim;
+  const int rows_left = w.req.q_len - (w.wg_row0 + c.warp_in_wg * 16);  // this warp's rows below q_len
 #pragma unroll
   for (int h = 0; h < kOHalves; ++h) {
 #pragma unroll
@@ -42,24 +51,22 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
       for (int r = 0; r < 2; ++r) {
         const std::uint32_t v =
             sm::pack_bf16x2(o[h][nb * 4 + 2 * r] * inv_sum[r], o[h][nb * 4 + 2 * r + 1] * inv_sum[r]);
-        const std::uint32_t at = swizzled<kOutRowBytes>(c.row_in_warp + 8 * r, h * 8 + nb) + c.col_pair * 4;
+        const std::uint32_t at = swizzled<kRowBytes>(row_in_warp + 8 * r, nb) + (lane % 4) * 4;
         *reinterpret_cast<std::uint32_t*>(staged + at) = v;
       }
     }
-  }
-  __syncwarp();
-  const std::int64_t out_row_stride = static_cast<std::int64_t>(num_heads) * kVDim;
-  __nv_bfloat16* out_head = p.out + static_cast<std::int64_t>(w.req.q_start) * out_row_stride + w.head * kVDim;
+    __syncwarp();
 #pragma unroll
-  for (int i = 0; i < 16 * kOutChunks / 32; ++i) {
-    const int idx = c.lane + i * 32;
-    const int row = idx / kOutChunks;
-    const int chunk = idx % kOutChunks;
-    const int q_row = w.wg_row0 + c.warp_in_wg * 16 + row;
-    if (q_row < w.req.q_len) {
-      const uint4 v = *reinterpret_cast<const uint4*>(staged + swizzled<kOutRowBytes>(row, chunk));
-      *reinterpret_cast<uint4*>(out_head + q_row * out_row_stride + chunk * 8) = v;
+    for (int i = 0; i < kOutStageRows * kHalfChunks / 32; ++i) {
+      const int idx = lane + i * 32;
+      const int row = idx / kHalfChunks;
+      const int chunk = idx % kHalfChunks;
+      if (row < rows_left) {
+        const uint4 v = *reinterpret_cast<const uint4*>(staged + swizzled<kRowBytes>(row, chunk));
+        *reinterpret_cast<uint4*>(out_warp + row * out_row_stride + h * 64 + chunk * 8) = v;
+      }
     }
+    __syncwarp();  // the next half overwrites the staging block
   }
 }
 

@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
     float* lse;
     DenseMhaRequest* d_req;
     DenseMhaWorkItem* d_work;
+    std::int32_t* unit_counter;
     const std::uint64_t nq = std::uint64_t(T) * H * 192, nkv = std::uint64_t(kv_rows) * H * 256,
                         nlat = std::uint64_t(kv_rows) * 576;
     DSMLA_CUDA_CHECK(cudaMalloc(&q, nq * 2));
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
     DSMLA_CUDA_CHECK(cudaMalloc(&lse, std::uint64_t(T) * H * 4));
     DSMLA_CUDA_CHECK(cudaMalloc(&d_req, dreq.size() * sizeof(DenseMhaRequest)));
     DSMLA_CUDA_CHECK(cudaMalloc(&d_work, work.size() * sizeof(DenseMhaWorkItem)));
+    DSMLA_CUDA_CHECK(cudaMalloc(&unit_counter, sizeof(std::int32_t)));
     DSMLA_CUDA_CHECK(cudaMemcpy(d_req, dreq.data(), dreq.size() * sizeof(DenseMhaRequest), cudaMemcpyHostToDevice));
     DSMLA_CUDA_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
     fill_kernel<<<2048, 256>>>(q, nq, kQ);
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
     p.lse = lse;
     p.num_q_rows = T;
     p.num_kv_rows = kv_rows;
+    p.unit_counter = unit_counter;
     dsmla::cuda::launch_dense_mha(p, nullptr);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -231,6 +234,7 @@ int main(int argc, char** argv) {
     DSMLA_CUDA_CHECK(cudaFree(lse));
     DSMLA_CUDA_CHECK(cudaFree(d_req));
     DSMLA_CUDA_CHECK(cudaFree(d_work));
+    DSMLA_CUDA_CHECK(cudaFree(unit_counter));
   }
   if (results) std::fclose(results);
   std::printf("dense_mha bench: %s\n", failures ? "SPOT-CHECK FAILURES" : "all spot checks ok");
