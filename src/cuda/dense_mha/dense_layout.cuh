@@ -102,8 +102,8 @@ inline constexpr int kSmemStages = kSmemQ + kWarpgroups * kQWgBytes;
 inline constexpr int kSmemOut = kSmemStages + kStages * kStageBytes;
 inline constexpr int kSmemBars = kSmemOut + kConsumerThreads / 32 * kOutStageBytes;  // 224 KiB, then the barriers
 inline constexpr int kUnitSlots = 2;
-// q_full, q_empty, full[kStages], empty[kStages], unit_full[kUnitSlots], unit_empty[kUnitSlots]
-inline constexpr int kNumBars = 2 + 2 * kStages + 2 * kUnitSlots;
+// q_full, q_empty, {k, v} x {full, empty} x kStages, unit_full[kUnitSlots], unit_empty[kUnitSlots]
+inline constexpr int kNumBars = 2 + 4 * kStages + 2 * kUnitSlots;
 inline constexpr int kSmemUnits = kSmemBars + kNumBars * 8;  // int32 unit index per slot
 inline constexpr int kSmemUsed = kSmemUnits + kUnitSlots * 4;
 inline constexpr std::uint32_t kSmemAlign = 1024;

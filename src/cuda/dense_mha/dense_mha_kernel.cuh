@@ -18,11 +18,15 @@ struct Barriers {
   pl::Mbarrier* base;
   __device__ pl::Mbarrier* q_full() const { return base; }       // the unit's Q landed
   __device__ pl::Mbarrier* q_empty() const { return base + 1; }  // both consumers' last S of the unit done
-  __device__ pl::Mbarrier* full(int stage) const { return base + 2 + stage; }  // the stage's key tile landed
-  __device__ pl::Mbarrier* empty(int stage) const { return base + 2 + kStages + stage; }  // both consumers done
-  __device__ pl::Mbarrier* unit_full(int slot) const { return base + 2 + 2 * kStages + slot; }  // unit published
+  // The K and the V part of a stage are filled and released apart: K_j is
+  // free once both consumers' S_j is done, a step before V_j (P_j V_j).
+  __device__ pl::Mbarrier* full_k(int stage) const { return base + 2 + stage; }  // landed
+  __device__ pl::Mbarrier* full_v(int stage) const { return base + 2 + kStages + stage; }
+  __device__ pl::Mbarrier* empty_k(int stage) const { return base + 2 + 2 * kStages + stage; }  // both consumers done
+  __device__ pl::Mbarrier* empty_v(int stage) const { return base + 2 + 3 * kStages + stage; }
+  __device__ pl::Mbarrier* unit_full(int slot) const { return base + 2 + 4 * kStages + slot; }  // unit published
   __device__ pl::Mbarrier* unit_empty(int slot) const {  // both consumers read it
-    return base + 2 + 2 * kStages + kUnitSlots + slot;
+    return base + 2 + 4 * kStages + kUnitSlots + slot;
   }
 };
 
@@ -37,8 +41,9 @@ __device__ __forceinline__ int slot_phase_of(int n) { return (n / kUnitSlots) & 
 // The producer: one thread of warpgroup 2. For every unit of the block: publish
 // it, load its first key tile (the previous unit's last tiles may still occupy
 // the other stage), then its Q once the consumers' last S of the previous unit
-// has read the old one, then its other tiles. Each barrier expects the bytes
-// of its boxes. The next unit index is fetched while the current one loads; a
+// has read the old one, then its other tiles, each K as soon as its part of
+// the stage is free, then its V likewise. Each barrier expects the bytes of
+// its boxes. The next unit index is fetched while the current one loads; a
 // published index >= total_units tells the consumers to stop.
 __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTensorMaps& maps, const Barriers& bars,
                                         std::uint8_t* smem, int total_units) {
@@ -53,9 +58,13 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
     const int next = atomicAdd(p.unit_counter, 1) + static_cast<int>(gridDim.x);
     const BlockWork w(p, unit, 0);
     for (int it = 0; it < w.key_tiles; ++it, ++g) {
-      pl::wait(bars.empty(stage_of(g)), phase_of(g) ^ 1);
-      pl::arrive_expect_tx(bars.full(stage_of(g)), kStageBytes);
-      tma_load_kv(maps, w, bars.full(stage_of(g)), smem, w.key_tiles - 1 - it, stage_of(g));
+      const int tile = w.key_tiles - 1 - it, stage = stage_of(g);
+      pl::wait(bars.empty_k(stage), phase_of(g) ^ 1);
+      pl::arrive_expect_tx(bars.full_k(stage), kKBytes);
+      tma_load_k(maps, w, bars.full_k(stage), smem, tile, stage);
+      pl::wait(bars.empty_v(stage), phase_of(g) ^ 1);
+      pl::arrive_expect_tx(bars.full_v(stage), kVBytes);
+      tma_load_v(maps, w, bars.full_v(stage), smem, tile, stage);
       if (it == 0) {
         pl::wait(bars.q_empty(), (n & 1) ^ 1);
         pl::arrive_expect_tx(bars.q_full(), kWarpgroups * kQWgBytes);
@@ -110,20 +119,23 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
   for (int it = 0; it < w.key_tiles; ++it) {
     const int tile = w.key_tiles - 1 - it;
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
-    pl::wait(bars.full(stage_of(g + it)), phase_of(g + it));
+    // At step 0, P is still 0: its "previous" tile is this one (V landed, finite).
+    const int pv = g + (it > 0 ? it - 1 : 0);
+    pl::wait(bars.full_k(stage_of(g + it)), phase_of(g + it));
+    pl::wait(bars.full_v(stage_of(pv)), phase_of(pv));
     pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
     issue_s(s_base, me, stage_of(g + it), s);
-    // At step 0, P is still 0: its "previous" tile is this one (loaded, finite).
-    issue_pv(s_base, stage_of(it > 0 ? g + it - 1 : g), p_frag, o);
+    issue_pv(s_base, stage_of(pv), p_frag, o);
     mma::commit();
     pl::named_arrive(kConsumerThreads, kTurn + other);
     mma::wait<0>();
     mma::fence_operands(s);
     fence_o();
     mma::fence_operands(p_frag);
-    if (it > 0) pl::arrive(bars.empty(stage_of(g + it - 1)));  // P V of the previous tile done: its stage is free
+    pl::arrive(bars.empty_k(stage_of(g + it)));                  // S done: K is free
+    if (it > 0) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
     if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());    // the unit's last S done: its Q is free
     if (live) {
       mask_causal(s, tile, w.wg_first_limit, first_key, c);
@@ -136,14 +148,16 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
     }
   }
   // The last tile's P V, outside the turns.
+  const int last = g + w.key_tiles - 1;
+  pl::wait(bars.full_v(stage_of(last)), phase_of(last));
   fence_o();
   mma::fence();
-  issue_pv(s_base, stage_of(g + w.key_tiles - 1), p_frag, o);
+  issue_pv(s_base, stage_of(last), p_frag, o);
   mma::commit();
   mma::wait<0>();
   fence_o();
   mma::fence_operands(p_frag);
-  pl::arrive(bars.empty(stage_of(g + w.key_tiles - 1)));
+  pl::arrive(bars.empty_v(stage_of(last)));
   if (w.wg_active) store_output(p, w, c, softmax, o, smem);
 }
 
@@ -177,8 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     pl::init(bars.q_full(), 1);
     pl::init(bars.q_empty(), kConsumerThreads);
     for (int st = 0; st < kStages; ++st) {
-      pl::init(bars.full(st), 1);
-      pl::init(bars.empty(st), kConsumerThreads);
+      pl::init(bars.full_k(st), 1);
+      pl::init(bars.full_v(st), 1);
+      pl::init(bars.empty_k(st), kConsumerThreads);
+      pl::init(bars.empty_v(st), kConsumerThreads);
     }
     for (int slot = 0; slot < kUnitSlots; ++slot) {
       pl::init(bars.unit_full(slot), 1);

@@ -39,17 +39,24 @@ __device__ __forceinline__ void tma_load_q(const DenseTensorMaps& maps, const Bl
                        w.req.q_start + w.m0 + wg * kWgRows);
 }
 
-// Key tile `tile` of the unit into `stage` (5 boxes, 80 KiB) on `bar`: k_nope
-// and v from kv_up, k_pe from the latent rows.
-__device__ __forceinline__ void tma_load_kv(const DenseTensorMaps& maps, const BlockWork& w, pl::Mbarrier* bar,
-                                            std::uint8_t* smem, int tile, int stage) {
+// K of key tile `tile` of the unit into `stage` (3 boxes, 48 KiB) on `bar`:
+// k_nope from kv_up, k_pe from the latent rows.
+__device__ __forceinline__ void tma_load_k(const DenseTensorMaps& maps, const BlockWork& w, pl::Mbarrier* bar,
+                                           std::uint8_t* smem, int tile, int stage) {
   const int row = static_cast<int>(w.req.kv_row_start) + tile * kKeyTile;  // kv rows < 2^31 (launch_dense_mha)
 #pragma unroll
-  for (int block = 0; block < kNope / 64; ++block) {
+  for (int block = 0; block < kNope / 64; ++block)
     tma::load_box_3d(&maps.kv_up, bar, smem + k_block(stage, block), block * kRowBytes, w.head, row);
-    tma::load_box_3d(&maps.kv_up, bar, smem + v_block(stage, block), (kNope / 64 + block) * kRowBytes, w.head, row);
-  }
   tma::load_box_3d(&maps.latent, bar, smem + k_block(stage, kQkBlocks - 1), kLatentDim * 2, row, 0);
+}
+
+// V of key tile `tile` into `stage` (2 boxes, 32 KiB) on `bar`.
+__device__ __forceinline__ void tma_load_v(const DenseTensorMaps& maps, const BlockWork& w, pl::Mbarrier* bar,
+                                           std::uint8_t* smem, int tile, int stage) {
+  const int row = static_cast<int>(w.req.kv_row_start) + tile * kKeyTile;
+#pragma unroll
+  for (int block = 0; block < kVBlocks; ++block)
+    tma::load_box_3d(&maps.kv_up, bar, smem + v_block(stage, block), (kNope / 64 + block) * kRowBytes, w.head, row);
 }
 
 // Issues S = Q K^T of this warpgroup for the tile in `stage` (64 x kKeyTile):
