@@ -78,8 +78,9 @@ static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerReg
 // Accumulators per thread (wgmma order, src/cuda/common/wgmma.cuh).
 inline constexpr int kSRegs = kKeyTile / 2;  // S: m64 x kKeyTile
 inline constexpr int kKeySteps = kKeyTile / 16;  // k16 steps of P V = A fragments of P
-inline constexpr int kOHalves = 2;           // O: two m64 x n64 accumulators (one per V column block)
-inline constexpr int kOHalfRegs = 32;
+inline constexpr int kORegs = kVDim / 2;     // O: one m64 x n128 accumulator
+inline constexpr int kOHalves = 2;           // its 64-column halves (V column blocks), kOHalfRegs registers each
+inline constexpr int kOHalfRegs = kORegs / kOHalves;
 static_assert(kOHalves * 64 == kVDim);
 
 // ---------------------------------------------------------------- shared memory

@@ -87,11 +87,11 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
                                              const Barriers& bars, std::uint8_t* smem, int g, int n) {
   const std::uint32_t s_base = pl::smem_addr(smem);
   const int me = c.warpgroup, other = 1 - c.warpgroup;
-  float o[kOHalves][kOHalfRegs];
+  float o[kORegs];
   float s[kSRegs];  // S of the step, then its P (as fp32 until packed)
   std::uint32_t p_frag[kKeySteps][4];  // P of the previous step, the A operand of its P V
 #pragma unroll
-  for (int i = 0; i < kOHalfRegs; ++i) o[0][i] = o[1][i] = 0.f;
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
   auto zero_p = [&] {
@@ -110,10 +110,7 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
       if (row < w.req.q_len) first_key[r] = p.first_key[w.req.q_start + row];
     }
   }
-  auto fence_o = [&] {
-#pragma unroll
-    for (int h = 0; h < kOHalves; ++h) mma::fence_operands(o[h]);
-  };
+  auto fence_o = [&] { mma::fence_operands(o); };
 
   pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
   for (int it = 0; it < w.key_tiles; ++it) {

@@ -18,7 +18,7 @@ namespace dsmla::cuda::dense_mha_detail {
 // instead of the accumulators' 4-byte pairs. sO is not sQ: the next unit's Q may
 // be landing meanwhile.
 __device__ __forceinline__ void store_output(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
-                                             const OnlineSoftmax& softmax, const float (&o)[kOHalves][kOHalfRegs],
+                                             const OnlineSoftmax& softmax, const float (&o)[kORegs],
                                              std::uint8_t* smem) {
   constexpr int kHalfChunks = kRowBytes / 16;  // 16-byte chunks of a 64-column half row
   const int num_heads = p.num_heads;
@@ -50,7 +50,8 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const std::uint32_t v =
-            sm::pack_bf16x2(o[h][nb * 4 + 2 * r] * inv_sum[r], o[h][nb * 4 + 2 * r + 1] * inv_sum[r]);
+            sm::pack_bf16x2(o[h * kOHalfRegs + nb * 4 + 2 * r] * inv_sum[r],
+                            o[h * kOHalfRegs + nb * 4 + 2 * r + 1] * inv_sum[r]);
         const std::uint32_t at = swizzled<kRowBytes>(row_in_warp + 8 * r, nb) + (lane % 4) * 4;
         *reinterpret_cast<std::uint32_t*>(staged + at) = v;
       }

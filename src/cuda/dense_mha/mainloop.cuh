@@ -72,19 +72,16 @@ __device__ __forceinline__ void issue_s(std::uint32_t s_base, int warpgroup, int
 }
 
 // Issues O += P V for the tile in `stage`: P as A fragments in registers, V
-// MN-major in shared memory, one m64n64 accumulator per V column block. The
+// MN-major in shared memory, one m64n128 product per 16 keys (two 8-key
+// swizzle atoms) across both V column blocks (kKeyBlockBytes apart). The
 // caller commits and waits; P must stay in its registers until then.
 __device__ __forceinline__ void issue_pv(std::uint32_t s_base, int stage, const std::uint32_t (&p)[kKeySteps][4],
-                                         float (&o)[kOHalves][kOHalfRegs]) {
+                                         float (&o)[kORegs]) {
+  static_assert(kORegs == 64 && kVBlocks == 2, "one m64n128 accumulator spans the two V column blocks");
 #pragma unroll
   for (int kk = 0; kk < kKeySteps; ++kk) {
-#pragma unroll
-    for (int h = 0; h < kOHalves; ++h) {
-      // 16 keys = two 8-key swizzle atoms. N = 64 stays inside one column
-      // block, so the block stride in the descriptor is never used.
-      const std::uint32_t v = s_base + v_block(stage, h) + kk * 2 * mma::kAtomBytes;
-      mma::mma_rs<mma::RS_64x64_KMN>(p[kk], mma::desc_mn_major(v, kKeyBlockBytes), o[h]);
-    }
+    const std::uint32_t v = s_base + v_block(stage, 0) + kk * 2 * mma::kAtomBytes;
+    mma::mma_rs<mma::RS_64x128_KMN>(p[kk], mma::desc_mn_major(v, kKeyBlockBytes), o);
   }
 }
 

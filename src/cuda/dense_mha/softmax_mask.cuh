@@ -69,12 +69,9 @@ struct OnlineSoftmax {
 };
 
 // O rows row() and row() + 8 (elements 2r, 2r + 1 of every n8 block) times alpha[r].
-__device__ __forceinline__ void rescale_o(float (&o)[kOHalves][kOHalfRegs], const float (&alpha)[2]) {
+__device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&alpha)[2]) {
 #pragma unroll
-  for (int h = 0; h < kOHalves; ++h) {
-#pragma unroll
-    for (int i = 0; i < kOHalfRegs; ++i) o[h][i] *= alpha[(i / 2) % 2];
-  }
+  for (int i = 0; i < kORegs; ++i) o[i] *= alpha[(i / 2) % 2];
 }
 
 }  // namespace dsmla::cuda::dense_mha_detail
