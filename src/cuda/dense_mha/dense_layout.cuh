@@ -105,8 +105,16 @@ inline constexpr int kSmemBars = kSmemOut + kConsumerThreads / 32 * kOutStageByt
 inline constexpr int kUnitSlots = 2;
 // q_full, q_empty, {k, v} x {full, empty} x kStages, unit_full[kUnitSlots], unit_empty[kUnitSlots]
 inline constexpr int kNumBars = 2 + 4 * kStages + 2 * kUnitSlots;
-inline constexpr int kSmemUnits = kSmemBars + kNumBars * 8;  // int32 unit index per slot
-inline constexpr int kSmemUsed = kSmemUnits + kUnitSlots * 4;
+// A unit as the producer publishes it in a slot: its request, head and first
+// query row, so that the consumers start it without global loads. head < 0:
+// no more units.
+struct UnitInfo {
+  DenseMhaRequest req;
+  int head;
+  int m0;
+};
+inline constexpr int kSmemUnits = kSmemBars + kNumBars * 8;
+inline constexpr int kSmemUsed = kSmemUnits + kUnitSlots * static_cast<int>(sizeof(UnitInfo));
 inline constexpr std::uint32_t kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
 static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");
@@ -152,8 +160,14 @@ struct FragmentCoords {
   __device__ int row() const { return warp_in_wg * 16 + row_in_warp; }
 };
 
-// What one unit is: a tile of query rows of one request, one head; and the
-// part of it that belongs to warpgroup `warpgroup`.
+// Unit `unit`: work item unit % items (a tile of query rows of one request),
+// head unit / items.
+__device__ __forceinline__ UnitInfo unit_info(const DenseMhaParams& p, int unit) {
+  const DenseMhaWorkItem item = p.work[unit % p.num_work_items];
+  return UnitInfo{p.requests[item.request], unit / p.num_work_items, item.q_tile_start};
+}
+
+// What one unit is, and the part of it that belongs to warpgroup `warpgroup`.
 struct BlockWork {
   DenseMhaRequest req;
   int head;
@@ -165,11 +179,10 @@ struct BlockWork {
   int wg_first_limit;  // last key the warpgroup's first row sees
   int wg_key_tiles;    // key tiles any row of the warpgroup sees (0 when inactive)
 
-  __device__ BlockWork(const DenseMhaParams& p, int unit, int warpgroup) {
-    const DenseMhaWorkItem item = p.work[unit % p.num_work_items];
-    req = p.requests[item.request];
-    head = unit / p.num_work_items;
-    m0 = item.q_tile_start;
+  __device__ BlockWork(const UnitInfo& u, int warpgroup) {
+    req = u.req;
+    head = u.head;
+    m0 = u.m0;
     kv_len = req.ctx_len + req.q_len;
     key_tiles = (req.ctx_len + min(m0 + kQueryTile, req.q_len) - 1) / kKeyTile + 1;
     wg_row0 = m0 + warpgroup * kWgRows;

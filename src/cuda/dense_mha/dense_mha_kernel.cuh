@@ -4,6 +4,7 @@
 // output: epilogue.cuh.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -47,16 +48,17 @@ __device__ __forceinline__ int slot_phase_of(int n) { return (n / kUnitSlots) & 
 // published index >= total_units tells the consumers to stop.
 __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTensorMaps& maps, const Barriers& bars,
                                         std::uint8_t* smem, int total_units) {
-  auto* units = reinterpret_cast<volatile std::int32_t*>(smem + kSmemUnits);
+  auto* slots = reinterpret_cast<UnitInfo*>(smem + kSmemUnits);
   int unit = static_cast<int>(blockIdx.x);
   int g = 0;
   for (int n = 0;; ++n) {
+    const UnitInfo info = unit < total_units ? unit_info(p, unit) : UnitInfo{{}, -1, 0};
     pl::wait(bars.unit_empty(slot_of(n)), slot_phase_of(n) ^ 1);
-    units[slot_of(n)] = unit;
+    slots[slot_of(n)] = info;
     pl::arrive(bars.unit_full(slot_of(n)));
-    if (unit >= total_units) break;
+    if (info.head < 0) break;
     const int next = atomicAdd(p.unit_counter, 1) + static_cast<int>(gridDim.x);
-    const BlockWork w(p, unit, 0);
+    const BlockWork w(info, 0);
     for (int it = 0; it < w.key_tiles; ++it, ++g) {
       const int tile = w.key_tiles - 1 - it, stage = stage_of(g);
       pl::wait(bars.empty_k(stage), phase_of(g) ^ 1);
@@ -100,7 +102,6 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
 #pragma unroll
       for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
   };
-  zero_p();
   OnlineSoftmax softmax(p.softmax_scale);
   int first_key[2] = {0, 0};  // of rows row() and row() + 8 (packed prompts)
   if (p.first_key != nullptr) {
@@ -112,28 +113,28 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
   }
   auto fence_o = [&] { mma::fence_operands(o); };
 
-  pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
-  for (int it = 0; it < w.key_tiles; ++it) {
+  // Step it issues S_it and, from step 1 on, O += P_{it-1} V_{it-1} (step 0
+  // has no P yet).
+  auto step = [&](int it, auto with_pv) {
+    constexpr bool kPv = decltype(with_pv)::value;
     const int tile = w.key_tiles - 1 - it;
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
-    // At step 0, P is still 0: its "previous" tile is this one (V landed, finite).
-    const int pv = g + (it > 0 ? it - 1 : 0);
     pl::wait(bars.full_k(stage_of(g + it)), phase_of(g + it));
-    pl::wait(bars.full_v(stage_of(pv)), phase_of(pv));
+    if constexpr (kPv) pl::wait(bars.full_v(stage_of(g + it - 1)), phase_of(g + it - 1));
     pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
     issue_s(s_base, me, stage_of(g + it), s);
-    issue_pv(s_base, stage_of(pv), p_frag, o);
+    if constexpr (kPv) issue_pv(s_base, stage_of(g + it - 1), p_frag, o);
     mma::commit();
     pl::named_arrive(kConsumerThreads, kTurn + other);
     mma::wait<0>();
     mma::fence_operands(s);
     fence_o();
     mma::fence_operands(p_frag);
-    pl::arrive(bars.empty_k(stage_of(g + it)));                  // S done: K is free
-    if (it > 0) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
-    if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());    // the unit's last S done: its Q is free
+    pl::arrive(bars.empty_k(stage_of(g + it)));                       // S done: K is free
+    if constexpr (kPv) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
+    if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());          // the unit's last S done: its Q is free
     if (live) {
       mask_causal(s, tile, w.wg_first_limit, first_key, c);
       float alpha[2];
@@ -143,7 +144,10 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
     } else {
       zero_p();
     }
-  }
+  };
+  pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
+  step(0, std::false_type{});
+  for (int it = 1; it < w.key_tiles; ++it) step(it, std::true_type{});
   // The last tile's P V, outside the turns.
   const int last = g + w.key_tiles - 1;
   pl::wait(bars.full_v(stage_of(last)), phase_of(last));
@@ -164,15 +168,15 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
 // arrival on a turn barrier meets a sync.
 __device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
                                         std::uint8_t* smem, int total_units) {
-  const auto* units = reinterpret_cast<const volatile std::int32_t*>(smem + kSmemUnits);
+  const auto* slots = reinterpret_cast<const UnitInfo*>(smem + kSmemUnits);
   if (c.warpgroup == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
   int g = 0;
   for (int n = 0;; ++n) {
     pl::wait(bars.unit_full(slot_of(n)), slot_phase_of(n));
-    const int unit = units[slot_of(n)];
+    const UnitInfo info = slots[slot_of(n)];
     pl::arrive(bars.unit_empty(slot_of(n)));
-    if (unit >= total_units) break;
-    const BlockWork w(p, unit, c.warpgroup);
+    if (info.head < 0) break;
+    const BlockWork w(info, c.warpgroup);
     consume_unit(p, w, c, bars, smem, g, n);
     g += w.key_tiles;
   }
