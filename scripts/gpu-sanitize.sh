@@ -8,7 +8,7 @@
 #              on the tiny batches;
 #   synccheck  the same, for barrier misuse.
 # Exits non-zero when any tool reports an error or a test fails.
-# SANITIZE_GROUPS (default "backend sparse indexer"; spaces or commas) picks the groups below that run.
+# SANITIZE_GROUPS (default "backend sparse dense indexer"; spaces or commas) picks the groups below that run.
 #   Usage: [SANITIZE_GROUPS="sparse indexer"] scripts/gpu-sanitize.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: scripts/gpu-sanitize.sh BUILD_DIR}
@@ -32,9 +32,9 @@ run() {
   if [ $rc -ne 0 ]; then echo "gpu-sanitize: $tool on $2 failed (exit $rc)"; status=1; fi
 }
 
-groups=${SANITIZE_GROUPS:-backend sparse indexer}; groups=${groups//,/ }
+groups=${SANITIZE_GROUPS:-backend sparse dense indexer}; groups=${groups//,/ }
 for g in $groups; do
-  case $g in backend | sparse | indexer) ;; *) echo "gpu-sanitize: unknown group '$g' (backend, sparse, indexer)"; exit 2 ;; esac
+  case $g in backend | sparse | dense | indexer) ;; *) echo "gpu-sanitize: unknown group '$g' (backend, sparse, dense, indexer)"; exit 2 ;; esac
 done
 [ -n "${groups// /}" ] || { echo "gpu-sanitize: SANITIZE_GROUPS names no group"; exit 2; }
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -57,6 +57,16 @@ if want sparse; then
   run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*"
   run racecheck test_gpu_cuda "$sparse_ws"
   run synccheck test_gpu_cuda "$sparse_ws"
+fi
+
+# The persistent dense kernel (TMA producer, units from a grid-wide counter): every
+# test at H 16, including a block per unit, 3 blocks (each running dozens of units:
+# ring, Q buffer and unit slots wrapping) and a block per SM, plain and packed prompts.
+dense='*DenseMhaGpuTest*H16'
+if want dense; then
+  run memcheck test_gpu_cuda "$dense"
+  run racecheck test_gpu_cuda "$dense"
+  run synccheck test_gpu_cuda "$dense"
 fi
 
 # The indexer kernels: cache write, both logits kernels and the radix top-k
