@@ -169,17 +169,16 @@ __device__ __forceinline__ UnitInfo unit_info(const DenseMhaParams& p, int unit)
 
 // What one unit is, and the part of it that belongs to warpgroup `warpgroup`.
 struct BlockWork {
-  DenseMhaRequest req{};
-  int head = 0;
-  int m0 = 0;              // first query row of the tile (request-local)
-  int kv_len = 0;          // keys of the request: ctx_len + q_len
-  int key_tiles = 0;       // key tiles any row of the tile sees
-  int wg_row0 = 0;         // this warpgroup's first row (request-local); it may have none
-  bool wg_active = false;  // wg_row0 < q_len
-  int wg_first_limit = 0;  // last key the warpgroup's first row sees
-  int wg_key_tiles = 0;    // key tiles any row of the warpgroup sees (0 when inactive)
+  DenseMhaRequest req;
+  int head;
+  int m0;             // first query row of the tile (request-local)
+  int kv_len;         // keys of the request: ctx_len + q_len
+  int key_tiles;      // key tiles any row of the tile sees
+  int wg_row0;        // this warpgroup's first row (request-local); it may have none
+  bool wg_active;     // wg_row0 < q_len
+  int wg_first_limit;  // last key the warpgroup's first row sees
+  int wg_key_tiles;    // key tiles any row of the warpgroup sees (0 when inactive)
 
-  BlockWork() = default;
   __device__ BlockWork(const UnitInfo& u, int warpgroup) {
     req = u.req;
     head = u.head;

@@ -4,6 +4,7 @@
 // output: epilogue.cuh.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -76,120 +77,110 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
   }
 }
 
-// Consumer warpgroup c.warpgroup: its 64 rows of every unit of the block, over
-// every key tile of the unit, as one stream of steps. Step t (the block's t-th
-// key tile) issues S_t and O += P_{t-1} V_{t-1} in its turn, then does the
-// softmax of S_t while the other consumer's products run. A unit's first step
-// thus carries the previous unit's last P V, and that unit's epilogue runs
-// after it, while the other consumer's products run: the tensor cores do not
-// wait for epilogues. (The block's very first step has no P yet: it
-// multiplies P = 0 by its K tile, landed and finite.)
-// A tile past all of the warpgroup's rows (or any tile, for a warpgroup with
-// no rows) still has its products issued, with P = 0: a branch around them
-// would make ptxas serialise every wgmma of the loop (C7520), and such tiles
-// are rare (at most one per unit, and none when ctx_len and the tile are
-// multiples of 128).
-// Consumer 0 takes the first turn (consumer 1 opens it) and every turn opens
-// the other's, so consumer 1's last turn opens one that consumer 0 closes at
-// the end: every arrival on a turn barrier meets a sync.
-__device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
-                                        std::uint8_t* smem) {
-  const auto* slots = reinterpret_cast<const UnitInfo*>(smem + kSmemUnits);
+// One unit of consumer warpgroup c.warpgroup: its 64 rows over every key tile
+// of the unit. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn,
+// then does the softmax of S_it while the other consumer's products run. A
+// tile past all of the warpgroup's rows (or any tile, for a warpgroup with no
+// rows) still has its products issued, with P = 0: a branch around them would
+// make ptxas serialise every wgmma of the loop (C7520), and such tiles are rare
+// (at most one per unit, and none when ctx_len and the tile are multiples of
+// 128). `g` is the block's tile count before the unit, `n` its unit count.
+__device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
+                                             const Barriers& bars, std::uint8_t* smem, int g, int n) {
   const std::uint32_t s_base = pl::smem_addr(smem);
   const int me = c.warpgroup, other = 1 - c.warpgroup;
   float o[kORegs];
   float s[kSRegs];  // S of the step, then its P (as fp32 until packed)
   std::uint32_t p_frag[kKeySteps][4];  // P of the previous step, the A operand of its P V
-  auto zero_o = [&] {
 #pragma unroll
-    for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-  };
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
   auto zero_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < kKeySteps; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) p_frag[kk][i] = 0u;
   };
-  zero_o();
-  zero_p();
-#pragma unroll
-  for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
-  auto fence_o = [&] { mma::fence_operands(o); };
   OnlineSoftmax softmax(p.softmax_scale);
-  BlockWork prev{};  // the unit whose O is in o (valid once t > 0)
+  int first_key[2] = {0, 0};  // of rows row() and row() + 8 (packed prompts)
+  if (p.first_key != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = w.wg_row0 + c.row() + 8 * r;
+      if (row < w.req.q_len) first_key[r] = p.first_key[w.req.q_start + row];
+    }
+  }
+  auto fence_o = [&] { mma::fence_operands(o); };
 
-  if (me == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
-  int t = 0;
+  // Step it issues S_it and, from step 1 on, O += P_{it-1} V_{it-1} (step 0
+  // has no P yet).
+  auto step = [&](int it, auto with_pv) {
+    constexpr bool kPv = decltype(with_pv)::value;
+    const int tile = w.key_tiles - 1 - it;
+    const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
+    pl::wait(bars.full_k(stage_of(g + it)), phase_of(g + it));
+    if constexpr (kPv) pl::wait(bars.full_v(stage_of(g + it - 1)), phase_of(g + it - 1));
+    pl::named_sync(kConsumerThreads, kTurn + me);
+    fence_o();
+    mma::fence();
+    issue_s(s_base, me, stage_of(g + it), s);
+    if constexpr (kPv) issue_pv(s_base, stage_of(g + it - 1), p_frag, o);
+    mma::commit();
+    pl::named_arrive(kConsumerThreads, kTurn + other);
+    mma::wait<0>();
+    mma::fence_operands(s);
+    fence_o();
+    mma::fence_operands(p_frag);
+    pl::arrive(bars.empty_k(stage_of(g + it)));                       // S done: K is free
+    if constexpr (kPv) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
+    if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());          // the unit's last S done: its Q is free
+    if (live) {
+      mask_causal(s, tile, w.wg_first_limit, first_key, c);
+      float alpha[2];
+      softmax.update(s, alpha);
+      rescale_o(o, alpha);
+      mma::a_fragments_from_accumulator(s, p_frag);
+    } else {
+      zero_p();
+    }
+  };
+  pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
+  step(0, std::false_type{});
+  for (int it = 1; it < w.key_tiles; ++it) step(it, std::true_type{});
+  // The last tile's P V, outside the turns.
+  const int last = g + w.key_tiles - 1;
+  pl::wait(bars.full_v(stage_of(last)), phase_of(last));
+  fence_o();
+  mma::fence();
+  issue_pv(s_base, stage_of(last), p_frag, o);
+  mma::commit();
+  mma::wait<0>();
+  fence_o();
+  mma::fence_operands(p_frag);
+  pl::arrive(bars.empty_v(stage_of(last)));
+  if (w.wg_active) store_output(p, w, c, softmax, o, smem);
+}
+
+// The consumers: units until the producer publishes the end. Consumer 0 takes
+// the first turn (consumer 1 opens it) and every turn opens the other's, so
+// consumer 1's last turn opens one that consumer 0 closes at the end: every
+// arrival on a turn barrier meets a sync.
+__device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
+                                        std::uint8_t* smem, int total_units) {
+  const auto* slots = reinterpret_cast<const UnitInfo*>(smem + kSmemUnits);
+  if (c.warpgroup == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  int g = 0;
   for (int n = 0;; ++n) {
     pl::wait(bars.unit_full(slot_of(n)), slot_phase_of(n));
     const UnitInfo info = slots[slot_of(n)];
     pl::arrive(bars.unit_empty(slot_of(n)));
     if (info.head < 0) break;
-    const BlockWork w(info, me);
-    int first_key[2] = {0, 0};  // of rows row() and row() + 8 (packed prompts)
-    if (p.first_key != nullptr) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = w.wg_row0 + c.row() + 8 * r;
-        if (row < w.req.q_len) first_key[r] = p.first_key[w.req.q_start + row];
-      }
-    }
-    pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
-    for (int it = 0; it < w.key_tiles; ++it, ++t) {
-      const int tile = w.key_tiles - 1 - it;
-      const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
-      pl::wait(bars.full_k(stage_of(t)), phase_of(t));
-      if (t > 0) pl::wait(bars.full_v(stage_of(t - 1)), phase_of(t - 1));
-      const std::uint32_t pv_b = s_base + (t > 0 ? v_block(stage_of(t - 1), 0) : k_block(stage_of(t), 0));
-      pl::named_sync(kConsumerThreads, kTurn + me);
-      fence_o();
-      mma::fence();
-      issue_s(s_base, me, stage_of(t), s);
-      issue_pv(pv_b, p_frag, o);
-      mma::commit();
-      pl::named_arrive(kConsumerThreads, kTurn + other);
-      mma::wait<0>();
-      mma::fence_operands(s);
-      fence_o();
-      mma::fence_operands(p_frag);
-      pl::arrive(bars.empty_k(stage_of(t)));                  // S done: K is free
-      if (t > 0) pl::arrive(bars.empty_v(stage_of(t - 1)));  // P V of the previous tile done: its V is free
-      if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());  // the unit's last S done: its Q is free
-      // At a unit's first step o holds the previous unit's finished O (zeros
-      // at the block's first): kept out of the new softmax, stored once S is
-      // packed into P (fewer registers live in the epilogue), then reset.
-      const OnlineSoftmax finished = softmax;
-      if (it == 0) softmax = OnlineSoftmax(p.softmax_scale);
-      if (live) {
-        mask_causal(s, tile, w.wg_first_limit, first_key, c);
-        float alpha[2];
-        softmax.update(s, alpha);
-        if (it > 0) rescale_o(o, alpha);
-        mma::a_fragments_from_accumulator(s, p_frag);
-      } else {
-        zero_p();
-      }
-      if (it == 0) {
-        if (t > 0 && prev.wg_active) store_output(p, prev, c, finished, o, smem);
-        zero_o();
-        prev = w;
-      }
-    }
+    const BlockWork w(info, c.warpgroup);
+    consume_unit(p, w, c, bars, smem, g, n);
+    g += w.key_tiles;
   }
-  // The last unit's last P V, outside the turns, and its epilogue.
-  if (t > 0) {
-    pl::wait(bars.full_v(stage_of(t - 1)), phase_of(t - 1));
-    fence_o();
-    mma::fence();
-    issue_pv(s_base + v_block(stage_of(t - 1), 0), p_frag, o);
-    mma::commit();
-    mma::wait<0>();
-    fence_o();
-    mma::fence_operands(p_frag);
-    pl::arrive(bars.empty_v(stage_of(t - 1)));
-    if (prev.wg_active) store_output(p, prev, c, softmax, o, smem);
-  }
-  if (me == 0) pl::named_sync(kConsumerThreads, kTurn + 0);
+  if (c.warpgroup == 0) pl::named_sync(kConsumerThreads, kTurn + 0);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -221,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();  // the producer's warp reaches the final barrier together
   } else {
     pl::grow_registers<kConsumerRegs>();
-    consume(p, c, bars, smem);
+    consume(p, c, bars, smem, total_units);
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();

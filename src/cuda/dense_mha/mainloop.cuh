@@ -71,15 +71,18 @@ __device__ __forceinline__ void issue_s(std::uint32_t s_base, int warpgroup, int
   }
 }
 
-// Issues O += P V with P as A fragments in registers and V MN-major in shared
-// memory from `v` (a stage's V blocks): one m64n128 product per 16 keys (two
-// 8-key swizzle atoms) across both V column blocks (kKeyBlockBytes apart). The
+// Issues O += P V for the tile in `stage`: P as A fragments in registers, V
+// MN-major in shared memory, one m64n128 product per 16 keys (two 8-key
+// swizzle atoms) across both V column blocks (kKeyBlockBytes apart). The
 // caller commits and waits; P must stay in its registers until then.
-__device__ __forceinline__ void issue_pv(std::uint32_t v, const std::uint32_t (&p)[kKeySteps][4], float (&o)[kORegs]) {
+__device__ __forceinline__ void issue_pv(std::uint32_t s_base, int stage, const std::uint32_t (&p)[kKeySteps][4],
+                                         float (&o)[kORegs]) {
   static_assert(kORegs == 64 && kVBlocks == 2, "one m64n128 accumulator spans the two V column blocks");
 #pragma unroll
-  for (int kk = 0; kk < kKeySteps; ++kk)
-    mma::mma_rs<mma::RS_64x128_KMN>(p[kk], mma::desc_mn_major(v + kk * 2 * mma::kAtomBytes, kKeyBlockBytes), o);
+  for (int kk = 0; kk < kKeySteps; ++kk) {
+    const std::uint32_t v = s_base + v_block(stage, 0) + kk * 2 * mma::kAtomBytes;
+    mma::mma_rs<mma::RS_64x128_KMN>(p[kk], mma::desc_mn_major(v, kKeyBlockBytes), o);
+  }
 }
 
 }  // namespace dsmla::cuda::dense_mha_detail
