@@ -130,13 +130,11 @@ __host__ __device__ constexpr std::uint32_t v_block(int stage, int block) {
 }
 __host__ __device__ constexpr std::uint32_t out_stage(int warp) { return kSmemOut + warp * kOutStageBytes; }
 
-// Offset of 16-byte chunk `chunk` of row `row` in rows of kRowLength bytes,
-// XOR-swizzled over 8 rows. With 128-byte rows (chunk 0..7) this is wgmma's
-// 128-byte swizzle; with the epilogue's 256-byte rows it spreads a column of
-// chunks of 8 consecutive rows over all shared-memory banks.
-template <int kRowLength>
+// Offset of 16-byte chunk `chunk` (0..7) of row `row` in 128-byte rows,
+// XOR-swizzled over 8 rows: wgmma's 128-byte swizzle, which also spreads the
+// epilogue's column of chunks of 8 consecutive rows over all shared-memory banks.
 __host__ __device__ constexpr std::uint32_t swizzled(int row, int chunk) {
-  return static_cast<std::uint32_t>(row * kRowLength + ((chunk ^ (row & 7)) << 4));
+  return static_cast<std::uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
 // Named barriers of the ping-pong (ids for pipeline::named_*): kTurn + w is

@@ -45,7 +45,7 @@ __device__ __forceinline__ int slot_phase_of(int n) { return (n / kUnitSlots) & 
 // has read the old one, then its other tiles, each K as soon as its part of
 // the stage is free, then its V likewise. Each barrier expects the bytes of
 // its boxes. The next unit index is fetched while the current one loads; a
-// published index >= total_units tells the consumers to stop.
+// published head < 0 tells the consumers to stop.
 __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTensorMaps& maps, const Barriers& bars,
                                         std::uint8_t* smem, int total_units) {
   auto* slots = reinterpret_cast<UnitInfo*>(smem + kSmemUnits);
@@ -167,7 +167,7 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
 // consumer 1's last turn opens one that consumer 0 closes at the end: every
 // arrival on a turn barrier meets a sync.
 __device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
-                                        std::uint8_t* smem, int total_units) {
+                                        std::uint8_t* smem) {
   const auto* slots = reinterpret_cast<const UnitInfo*>(smem + kSmemUnits);
   if (c.warpgroup == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
   int g = 0;
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();  // the producer's warp reaches the final barrier together
   } else {
     pl::grow_registers<kConsumerRegs>();
-    consume(p, c, bars, smem, total_units);
+    consume(p, c, bars, smem);
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();

@@ -52,7 +52,7 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
         const std::uint32_t v =
             sm::pack_bf16x2(o[h * kOHalfRegs + nb * 4 + 2 * r] * inv_sum[r],
                             o[h * kOHalfRegs + nb * 4 + 2 * r + 1] * inv_sum[r]);
-        const std::uint32_t at = swizzled<kRowBytes>(row_in_warp + 8 * r, nb) + (lane % 4) * 4;
+        const std::uint32_t at = swizzled(row_in_warp + 8 * r, nb) + (lane % 4) * 4;
         *reinterpret_cast<std::uint32_t*>(staged + at) = v;
       }
     }
@@ -63,7 +63,7 @@ __device__ __forceinline__ void store_output(const DenseMhaParams& p, const Bloc
       const int row = idx / kHalfChunks;
       const int chunk = idx % kHalfChunks;
       if (row < rows_left) {
-        const uint4 v = *reinterpret_cast<const uint4*>(staged + swizzled<kRowBytes>(row, chunk));
+        const uint4 v = *reinterpret_cast<const uint4*>(staged + swizzled(row, chunk));
         *reinterpret_cast<uint4*>(out_warp + row * out_row_stride + h * 64 + chunk * 8) = v;
       }
     }

@@ -4,7 +4,6 @@
 // kernel waits for them, dense_mha_kernel.cuh).
 #pragma once
 #include <cuda.h>
-#include <cuda_bf16.h>
 
 #include <cstdint>
 
