@@ -339,6 +339,17 @@ TEST(DenseMhaSchedule, CoversEveryTileOnceLongestFirst) {
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "a tile is scheduled twice";
 }
 
+TEST(DenseMhaGrid, OneBlockPerMultiprocessorUnlessOverridden) {
+  EXPECT_EQ(dense_mha_grid_blocks(16384, 132, nullptr), 132);
+  EXPECT_EQ(dense_mha_grid_blocks(40, 132, nullptr), 40);  // never more blocks than units
+  EXPECT_EQ(dense_mha_grid_blocks(1, 132, nullptr), 1);
+  EXPECT_EQ(dense_mha_grid_blocks(16384, 132, "units"), 16384);
+  EXPECT_EQ(dense_mha_grid_blocks(16384, 132, "3"), 3);
+  EXPECT_EQ(dense_mha_grid_blocks(2, 132, "3"), 2);
+  for (const char* ignored : {"", "0", "-4", "3x", "many"})
+    EXPECT_EQ(dense_mha_grid_blocks(16384, 132, ignored), 132) << "override '" << ignored << "'";
+}
+
 TEST(DensePromptPacking, MergesAdjacentShortPromptsUpToOneTile) {
   // 0: 2 rows, 1: 3 rows, 2: 5 rows (merged); 3: over a prefix; 4, 5 merged; then a
   // gap in the query rows before 6, which stays alone; 7: 127 rows, 8: 1 row (merged:

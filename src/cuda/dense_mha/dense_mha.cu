@@ -4,7 +4,6 @@
 // work schedule (tile order): dense_mha_plan.cpp.
 #include "cuda/dense_mha/dense_mha.hpp"
 
-#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -27,17 +26,6 @@ void check_aligned(const void* ptr, std::size_t alignment, const char* name) {
 void check_rows(std::int64_t rows, const char* name) {
   if (rows < 1 || rows > INT_MAX)
     throw Error(std::string("launch_dense_mha: ") + name + " " + std::to_string(rows) + " is outside [1, 2^31)");
-}
-
-// A block per SM; DSMLA_DENSE_GRID (read on every launch, for comparisons and
-// tests) sets another block count, or "units" for a block per unit.
-std::int64_t grid_blocks(std::int64_t units) {
-  std::int64_t blocks = multiprocessor_count();
-  if (const char* env = std::getenv("DSMLA_DENSE_GRID")) {
-    if (std::string(env) == "units") blocks = units;
-    else if (std::atoll(env) >= 1) blocks = std::atoll(env);
-  }
-  return std::min(blocks, units);
 }
 
 // The TMA producer's views of q, kv_up and latent (DenseTensorMaps). The
@@ -93,7 +81,8 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   const dense_mha_detail::DenseTensorMaps maps = encode_tensor_maps(p);
   const auto kernel = &dense_mha_detail::dense_mha_kernel;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), dense_mha_detail::kSmemBytes, "dense MHA kernel");
-  const std::int64_t blocks = grid_blocks(units);
+  // DSMLA_DENSE_GRID is read on every launch (tests set it between launches).
+  const std::int64_t blocks = dense_mha_grid_blocks(units, multiprocessor_count(), std::getenv("DSMLA_DENSE_GRID"));
   check_cuda(cudaMemsetAsync(p.unit_counter, 0, sizeof(std::int32_t), stream), "launch_dense_mha: unit counter reset");
   kernel<<<static_cast<unsigned>(blocks), dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p, maps);
   check_launch("dense MHA kernel");

@@ -66,6 +66,12 @@ std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseReques
 // Requests with q_len 0 get no item. `request` indexes the given span.
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests);
 
+// Blocks of the kernel's persistent grid for `units` (work items x heads): one
+// per multiprocessor, never more than units. `grid_override` (the launcher
+// passes DSMLA_DENSE_GRID, for comparisons and tests; null: none) sets another
+// count, or "units" for a block per unit; anything else is ignored.
+std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, const char* grid_override);
+
 // Short prompts packed into shared query tiles. The kernel gives every work
 // item one query tile of one request, so a batch of many short prompts pays a
 // whole 128-row tile (query load, key tile, epilogue) per prompt and head:
@@ -83,8 +89,8 @@ DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int n
 
 // Rows of out / lse that belong to no work item are not touched. q, kv_up,
 // latent and out must be 16-byte aligned, num_q_rows and num_kv_rows in
-// [1, 2^31), unit_counter non-null (checked). The grid is persistent, a block
-// per SM (DSMLA_DENSE_GRID, dense_mha.cu, changes that for comparisons). Needs sm_90a (wgmma) and
+// [1, 2^31), unit_counter non-null (checked). The grid is persistent
+// (dense_mha_grid_blocks, with DSMLA_DENSE_GRID as its override). Needs sm_90a (wgmma) and
 // 209 KiB of shared memory per block. Asynchronous on `stream`; throws Error
 // on bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);

@@ -1,5 +1,7 @@
-// Host side of the dense MHA kernel: request conversion and the work schedule.
+// Host side of the dense MHA kernel: request conversion, the work schedule
+// and the size of the persistent grid.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/dense_mha/dense_mha.hpp"
@@ -23,6 +25,17 @@ std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseReques
     out.push_back(DenseMhaRequest{r.q_start, r.q_len, r.ctx_len, 0, r.kv_row_start});
   }
   return out;
+}
+
+std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, const char* grid_override) {
+  std::int64_t blocks = multiprocessors;
+  if (grid_override != nullptr) {
+    char* end = nullptr;
+    const long long forced = std::strtoll(grid_override, &end, 10);
+    if (std::string(grid_override) == "units") blocks = units;
+    else if (end != grid_override && *end == 0 && forced >= 1) blocks = forced;
+  }
+  return std::max<std::int64_t>(0, std::min(blocks, units));
 }
 
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests) {
