@@ -284,9 +284,9 @@ TEST_P(DenseMhaGpuTest, PackedPromptsMatchCpuReference) {
 }
 
 // Every block count computes every unit the same way, so the outputs agree
-// bit for bit: a block per unit (DSMLA_DENSE_GRID=units), 3 blocks (each runs
-// dozens of units: the key-tile ring, the Q buffer and the unit slots wrap
-// many times) and the default, a block per SM.
+// bit for bit: a block per unit (DSMLA_DENSE_GRID=units), 1 and 3 blocks (each
+// runs dozens to hundreds of units: the key-tile ring, the Q buffer and the
+// unit slots wrap many times) and the default, a block per SM.
 TEST_P(DenseMhaGpuTest, EveryGridSizeGivesTheSameOutputs) {
   DSMLA_SKIP_WITHOUT_GPU();
   struct UnsetOnExit {
@@ -296,7 +296,7 @@ TEST_P(DenseMhaGpuTest, EveryGridSizeGivesTheSameOutputs) {
     const Batch batch = pack ? packed_batch() : mixed_batch();
     ASSERT_EQ(setenv("DSMLA_DENSE_GRID", "units", 1), 0);
     const DenseOutputs one_per_block = expect_matches_reference(batch, GetParam(), pack);
-    for (const char* grid : {"3", ""}) {
+    for (const char* grid : {"1", "3", ""}) {
       if (*grid != 0) ASSERT_EQ(setenv("DSMLA_DENSE_GRID", grid, 1), 0);
       else ASSERT_EQ(unsetenv("DSMLA_DENSE_GRID"), 0);
       const DenseOutputs got = expect_matches_reference(batch, GetParam(), pack);

@@ -10,7 +10,8 @@
 //   Three warpgroups, warp-specialised: one thread of warpgroup 2 (the
 //   producer) fetches the units, publishes each in a two-slot ring, and loads
 //   each unit's first key tile, its Q and its other key tiles by TMA into a
-//   ring of kStages stages (one mbarrier pair per stage), running into the next
+//   ring of kStages stages (full / empty mbarriers for the K and the V part of
+//   each stage), running into the next
 //   unit while the consumers finish the current one; consumer warpgroup w
 //   (0, 1) owns query rows [64w, 64w + 64) of the unit for the whole key
 //   range, the softmax statistics of a row live in the 4 lanes of a quad.

@@ -75,14 +75,16 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
 
   check_aligned(p.unit_counter, alignof(std::int32_t), "unit_counter");
   const std::int64_t units = std::int64_t{p.num_work_items} * p.num_heads;
-  if (units > INT_MAX)
-    throw Error("launch_dense_mha: " + std::to_string(units) + " units (work items x heads) exceed 2^31 - 1");
+  // DSMLA_DENSE_GRID is read on every launch (tests set it between launches).
+  const std::int64_t blocks = dense_mha_grid_blocks(units, multiprocessor_count(), std::getenv("DSMLA_DENSE_GRID"));
+  // A block's last fetch from the unit counter reads up to units - 1 + blocks (int in the kernel).
+  if (units + blocks > INT_MAX)
+    throw Error("launch_dense_mha: " + std::to_string(units) + " units (work items x heads) on " +
+                std::to_string(blocks) + " blocks exceed 2^31 - 1");
 
   const dense_mha_detail::DenseTensorMaps maps = encode_tensor_maps(p);
   const auto kernel = &dense_mha_detail::dense_mha_kernel;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), dense_mha_detail::kSmemBytes, "dense MHA kernel");
-  // DSMLA_DENSE_GRID is read on every launch (tests set it between launches).
-  const std::int64_t blocks = dense_mha_grid_blocks(units, multiprocessor_count(), std::getenv("DSMLA_DENSE_GRID"));
   check_cuda(cudaMemsetAsync(p.unit_counter, 0, sizeof(std::int32_t), stream), "launch_dense_mha: unit counter reset");
   kernel<<<static_cast<unsigned>(blocks), dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p, maps);
   check_launch("dense MHA kernel");

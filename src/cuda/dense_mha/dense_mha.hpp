@@ -28,7 +28,7 @@ struct DenseMhaRequest {
   std::int64_t kv_row_start;  // first row of this request in kv_up / latent
 };
 
-// A block of work: a tile of query rows of one request (all heads are the grid's y).
+// A work item: a tile of query rows of one request (a unit of the kernel is a work item and a head).
 struct DenseMhaWorkItem {
   std::int32_t request;       // index into the DenseMhaRequest array
   std::int32_t q_tile_start;  // first query row (request-local) of the tile
@@ -47,7 +47,11 @@ struct DenseMhaParams {
   float* lse = nullptr;                   // [T, H]
   // T and kv_rows: the extents of the TMA producer's views of q, kv_up and
   // latent (it reads whole tiles, so it may read other requests' rows around a
-  // request's own, never rows past these).
+  // request's own, never rows past these). Those rows are masked (P = 0) but
+  // still multiplied, so every row within the extents must be finite: an inf or
+  // NaN in one request's kv_up rows can reach its neighbours' outputs, as in
+  // FlashAttention-3's varlen kernels. (The backend's kv_up is its own
+  // up-projection of the requests' latent rows.)
   std::int64_t num_q_rows = 0;
   std::int64_t num_kv_rows = 0;
   // 4 bytes of device scratch: the persistent grid's unit counter, zeroed by
@@ -91,7 +95,7 @@ DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int n
 // latent and out must be 16-byte aligned, num_q_rows and num_kv_rows in
 // [1, 2^31), unit_counter non-null (checked). The grid is persistent
 // (dense_mha_grid_blocks, with DSMLA_DENSE_GRID as its override). Needs sm_90a (wgmma) and
-// 209 KiB of shared memory per block. Asynchronous on `stream`; throws Error
+// 225 KiB of shared memory per block. Asynchronous on `stream`; throws Error
 // on bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);
 
