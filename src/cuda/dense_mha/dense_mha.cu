@@ -29,8 +29,8 @@ void check_rows(std::int64_t rows, const char* name) {
 }
 
 // The TMA producer's views of q, kv_up and latent (DenseTensorMaps). The
-// pointers and row counts have been checked, so a map the driver rejects is a
-// bug, reported rather than run on the copy producer unnoticed.
+// pointers and row counts have been checked; a map the driver still rejects
+// (e.g. a latent of more than 2^40 bytes) is reported as an error.
 dense_mha_detail::DenseTensorMaps encode_tensor_maps(const DenseMhaParams& p) {
   using namespace dense_mha_detail;
   const std::uint64_t heads = static_cast<std::uint64_t>(p.num_heads);
