@@ -4,8 +4,9 @@
 # matching FILTER, the kernel bench harness and the anchors of ../shared/anchors
 # (copied into .anchors/) in the same call. Logs go flat into $OUT:
 #   env.txt (date, commit, GPU, ptxas summary, wgmma/barrier counts of the SASS),
-#   build.log, tests.log, harness.log, anchors.json, ratios.md (the harness
-#   against the anchors of this call, bench/kernel_ratios.py).
+#   build.log, tests.log, harness.log (ending with FlashAttention-3's time on the
+#   dense harness's cached-prefix case, bench/fa3_prefix.py), anchors.json,
+#   ratios.md (the harness against the anchors of this call, bench/kernel_ratios.py).
 # With --sanitize, afterwards the compute-sanitizer subset (sanitizer.log); with
 # --full, every GPU test (tests_full.log) and the sanitizer subset.
 # TEST_TIMEOUT (seconds, default 240) bounds each GPU test binary; HARNESS=0 skips
@@ -45,6 +46,12 @@ python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/de
 anchors_md=$(mktemp)
 PYTHONPATH=$A python3 .anchors/anchors_bench.py --json "$out/anchors.json" --md "$anchors_md" >/dev/null 2>&1 || echo "ANCHORS FAILED"
 cat "$anchors_md"
+# FlashAttention-3 on the dense harness's cached-prefix case (not among the anchors'
+# workloads; issue 9 asks for the same-call TFLOP/s): one line appended to harness.log.
+if [ -f "$out/harness.log" ]; then
+  PYTHONPATH=$A timeout 60 python3 bench/fa3_prefix.py >>"$out/harness.log" 2>&1 || echo "FA3 PREFIX FAILED"
+  grep -E "^fa3 prefix" "$out/harness.log" | tail -1
+fi
 [ -f "$out/harness.log" ] && python3 bench/kernel_ratios.py "$out/harness.log" "$out/anchors.json" >"$out/ratios.md" && cat "$out/ratios.md"
 obj=$(find build-gpu -name 'head_rows.cu.o' | head -1)
 [ -n "$obj" ] && { echo; echo "== SASS of head_rows.cu.o"; cuobjdump -sass "$obj" | grep -oE "HGMMA[.A-Z0-9x]*|WARPGROUP\.[A-Z]+[^;]*|DEPBAR[^;]*|SYNCS[.A-Z]*" | sort | uniq -c; } >>"$out/env.txt"
