@@ -171,7 +171,6 @@ struct BlockWork {
   DenseMhaRequest req;
   int head;
   int m0;             // first query row of the tile (request-local)
-  int kv_len;         // keys of the request: ctx_len + q_len
   int key_tiles;      // key tiles any row of the tile sees
   int wg_row0;        // this warpgroup's first row (request-local); it may have none
   bool wg_active;     // wg_row0 < q_len
@@ -182,7 +181,6 @@ struct BlockWork {
     req = u.req;
     head = u.head;
     m0 = u.m0;
-    kv_len = req.ctx_len + req.q_len;
     key_tiles = (req.ctx_len + min(m0 + kQueryTile, req.q_len) - 1) / kKeyTile + 1;
     wg_row0 = m0 + warpgroup * kWgRows;
     wg_active = wg_row0 < req.q_len;
