@@ -79,7 +79,8 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
 
 // One unit of consumer warpgroup c.warpgroup: its 64 rows over every key tile
 // of the unit. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn,
-// then does the softmax of S_it while the other consumer's products run. A
+// then does the softmax of S_it while its own P V and the other consumer's
+// products run (FlashAttention-3's intra-warpgroup overlap; NOTES v11). A
 // tile past all of the warpgroup's rows (or any tile, for a warpgroup with no
 // rows) still has its products issued, with P = 0: a branch around them would
 // make ptxas serialise every wgmma of the loop (C7520), and such tiles are rare
@@ -125,20 +126,33 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
     fence_o();
     mma::fence();
     issue_s(s_base, me, stage_of(g + it), s);
-    if constexpr (kPv) issue_pv(s_base, stage_of(g + it - 1), p_frag, o);
-    mma::commit();
+    mma::commit();  // group 1: S_it
+    if constexpr (kPv) {
+      issue_pv(s_base, stage_of(g + it - 1), p_frag, o);
+      mma::commit();  // group 2: O += P_{it-1} V_{it-1}
+    }
     pl::named_arrive(kConsumerThreads, kTurn + other);
+    // The mask and the softmax of S_it run while the warpgroup's own P V
+    // (and the other consumer's products) are in flight; O is rescaled once
+    // that P V is done, before the next step issues the next one.
+    float alpha[2] = {1.f, 1.f};
+    mma::wait<kPv ? 1 : 0>();
+    mma::fence_operands(s);
+    if (live) {
+      mask_causal(s, tile, w.wg_first_limit, first_key, c);
+      softmax.update(s, alpha);
+    }
     mma::wait<0>();
     mma::fence_operands(s);
     fence_o();
     mma::fence_operands(p_frag);
+    // Arrivals only after the second wait: between the two waits they made
+    // ptxas serialise every wgmma of the loop (C7513), so K is freed at the
+    // same time as V.
     pl::arrive(bars.empty_k(stage_of(g + it)));                       // S done: K is free
-    if constexpr (kPv) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
     if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());          // the unit's last S done: its Q is free
+    if constexpr (kPv) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
     if (live) {
-      mask_causal(s, tile, w.wg_first_limit, first_key, c);
-      float alpha[2];
-      softmax.update(s, alpha);
       rescale_o(o, alpha);
       mma::a_fragments_from_accumulator(s, p_frag);
     } else {
