@@ -1,6 +1,7 @@
 // Launcher of the warp-specialised heads-as-rows sparse MLA kernel.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -35,13 +36,18 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
     config.attrs = &cluster;
     config.numAttrs = 1;
     // Clusters of two that fit at once (one CTA per multiprocessor; the GPCs
-    // decide how many pairs there are).
-    const std::int64_t pairs = once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
+    // decide how many pairs there are), printed once per device. Cached under
+    // its own key: keyed by `kernel`, it found the value opt_in_shared_memory
+    // had cached (the smem size) and was never queried (until v17).
+    static const char cluster_key = 0;  // one per instantiation
+    const std::int64_t pairs = once_per_kernel_and_device(&cluster_key, [&] {
       cudaLaunchConfig_t probe = config;
       probe.gridDim = dim3(2);
       int clusters = 0;
       check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe), "cudaOccupancyMaxActiveClusters");
       if (clusters <= 0) throw Error("sparse MLA kernel: no cluster of two CTAs fits on this device");
+      std::fprintf(stderr, "dsmla: paired sparse MLA kernel (format %d): %d clusters of two resident, %lld SMs\n",
+                   static_cast<int>(F), clusters, static_cast<long long>(sm_count));
       return clusters;
     });
     config.gridDim = dim3(static_cast<unsigned>(2 * std::min(items / 2, std::min(pairs, sm_count / 2))));

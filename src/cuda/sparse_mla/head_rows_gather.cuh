@@ -9,6 +9,8 @@
 //                          next(j) runs once unit j's registers are free, to
 //                          issue the next half's loads of unit j (load_unit).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
+// The paired fp8 gather (KeyGather<F, true>) has its own staging and calls:
+// load<b>(w, slots, half) and store<b, half>(w, slots, smem, full, next).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -79,75 +81,50 @@ struct KeyGather<CacheFormat::bf16, false> {
 // the rest.
 // The loads of a half are issued before waiting for it to be free, so their
 // latency overlaps the consumers' use of it.
-// Paired (kPaired): a thread converts only row(rank) of its two rows and
-// writes it into both CTAs' tiles (the peer's through st.async, which
-// completes bytes on the peer's full barrier; the local thread 0 expects the
-// peer's bytes on its own). Flags and the fp8_ds_mla rope stay per CTA.
-// A thread's work of a half comes in two units, each loaded, converted and
-// stored as one, so that one unit's loads are in flight while the other is
-// converted (the chained loads, head_rows_producer.cuh): unit j is row(j)
-// alone, or paired, dim blocks [2j, 2j + 2) of the half of row(rank) (and the
-// fp8 rope codes with unit 1).
+// A thread's work of a half comes in two units (its two rows), each loaded,
+// converted and stored as one, so that one unit's loads are in flight while
+// the other is converted (the chained loads, head_rows_producer.cuh).
+// This is the unpaired gather; the paired one is KeyGather<F, true> below.
 template <CacheFormat F, bool kPaired>
 struct KeyGather {
   static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
+  static_assert(!kPaired, "paired fp8 gathers: the specialisation below");
   static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
   static constexpr int kThreadsPerRow = 4;
   static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 2
   static constexpr int kUnits = 2;
-  static constexpr int kUnitBlocks = kPaired ? kLoBlocks / kUnits : kLoBlocks;  // 64-dim blocks of a unit
+  static constexpr int kUnitBlocks = kLoBlocks;  // 64-dim blocks of a unit
   static constexpr int kUnitLoads = kUnitBlocks + (kDsMla ? 0 : 1);  // 16-byte loads of a unit (+ fp8 rope)
   // Arrivals that complete a half: one per thread, two in fp8_ds_mla's hi half.
   static constexpr int full_arrivals(int half) { return kDsMla && half == kHi ? 256 : 128; }
   static constexpr int kBytesPerToken = cache_token_bytes(F);
-  // Bytes the peer writes into one half of this CTA's buffer (its 32 rows).
-  static constexpr int peer_bytes(int half) {
-    return (kBlockKeys / 2) * (kLoBlocks + (!kDsMla && half == kHi ? 1 : 0)) * 128;
-  }
 
-  struct NoPeer {
-    __device__ NoPeer(const Peer&) {}
-  };
   unsigned t;  // producer thread, 0..127
-  std::conditional_t<kPaired, Peer, NoPeer> peer;  // unpaired: nothing held
   uint4 raw[kUnits][kUnitLoads];
   float2 scale[kUnits];  // fp8_ds_mla: the two 128-dim tile scales of the half; fp8: k_scale
 
-  __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
+  __device__ KeyGather(int thread, const Peer&) : t(static_cast<unsigned>(thread)) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
-  // Unit j: its row in the tile, its slot among the thread's two, its first
-  // block in the half, and whether it carries the fp8 rope codes of the hi half.
-  __device__ __forceinline__ int unit_row(int j) const {
-    if constexpr (kPaired) return row(peer.rank);
-    else return row(j);
-  }
-  __device__ __forceinline__ std::int32_t unit_slot(const std::int32_t (&slots)[kRowsPerThread], int j) const {
-    if constexpr (kPaired) return peer.rank == 0 ? slots[0] : slots[1];
-    else return slots[j];
-  }
-  static __device__ __forceinline__ int unit_block0(int j) { return kPaired ? kUnitBlocks * j : 0; }
-  static __device__ __forceinline__ bool unit_rope(int j, int half) {
-    return !kDsMla && half == kHi && (!kPaired || j == kUnits - 1);
-  }
+  static __device__ __forceinline__ bool unit_rope(int half) { return !kDsMla && half == kHi; }
 
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) load_unit(w, slots, half, j);
   }
 
-  // The loads of unit j.
+  // The loads of unit j (row(j)).
   __device__ __forceinline__ void load_unit(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
                                            int j) {
     const int q = static_cast<int>(t % kThreadsPerRow);
-    const std::int32_t s = w.checked(unit_slot(slots, j));
+    const std::int32_t s = w.checked(slots[j]);
     const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int k = 0; k < kUnitBlocks; ++k) {
-      const int block = first_block(half) + unit_block0(j) + k;
+      const int block = first_block(half) + k;
       raw[j][k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
     }
-    if (unit_rope(j, half))
+    if (unit_rope(half))
       raw[j][kUnitBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
     if constexpr (kDsMla) {
       const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
@@ -176,34 +153,146 @@ struct KeyGather {
       }
       pl::arrive_on_copies(full);
     }
-    pl::Mbarrier* peer_full = nullptr;  // the peer's copy of `full`: the same index of its barrier array
-    if constexpr (kPaired) peer_full = peer.bars + (full - reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars));
-    auto put = [&](int r, int chunk, const uint4& v) {
-      pl::store_shared_16(base + tile_offset(r, chunk), v);
-      if constexpr (kPaired) pl::store_remote_16(peer.smem + tile + tile_offset(r, chunk), v, peer_full);
-    };
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      const int r = unit_row(j);
+      const int r = row(j);
 #pragma unroll
       for (int k = 0; k < kUnitBlocks; ++k) {
-        const int d = unit_block0(j) + k;  // block of the half: the first two share scale.x
-        const int block = first_block(half) + d;
+        const int block = first_block(half) + k;  // blocks 0, 1 of the half share scale.x
         uint4 lo, hi;
-        e4m3x16_to_bf16(raw[j][k], d < 2 ? scale[j].x : scale[j].y, lo, hi);
-        put(r, 8 * block + 2 * q, lo);
-        put(r, 8 * block + 2 * q + 1, hi);
+        e4m3x16_to_bf16(raw[j][k], k < 2 ? scale[j].x : scale[j].y, lo, hi);
+        pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q), lo);
+        pl::store_shared_16(base + tile_offset(r, 8 * block + 2 * q + 1), hi);
       }
-      if (unit_rope(j, half)) {
+      if (unit_rope(half)) {
         uint4 lo, hi;
         e4m3x16_to_bf16(raw[j][kUnitBlocks], scale[j].x, lo, hi);
-        put(r, rope + 2 * q, lo);
-        put(r, rope + 2 * q + 1, hi);
+        pl::store_shared_16(base + tile_offset(r, rope + 2 * q), lo);
+        pl::store_shared_16(base + tile_offset(r, rope + 2 * q + 1), hi);
       }
       next(j);
     }
     pl::fence_smem_for_mma();  // generic-proxy writes, read by wgmma
-    if (kPaired && t == 0) pl::arrive_expect_tx(full, peer_bytes(half));
+    pl::arrive(full);
+  }
+};
+
+// Paired (fp8 caches, clusters of two CTAs, head_rows_layout.cuh): the pair
+// splits every 64-key block by keys. The same four threads per row and two
+// rows per thread as above (rows t / 4 and t / 4 + 32, column quarter t % 4),
+// but a thread converts only row(rank) (rank r: keys [32 r, 32 r + 32)) and
+// writes each converted 16 bytes into its own tile and, by st.async, to the
+// same offset of the peer's, which completes 16 bytes of transactions on the
+// peer's full barrier of that half (the peer's thread 0 expects them). The
+// fp8_ds_mla rope stays a per-CTA cp.async of both rows (all 64 keys), with
+// no remote traffic; the valid flags stay per CTA.
+// Staging (NOTES.md v17): one unit per key buffer, a whole half of the own
+// row (4 x 16 codes, 5 in fp8's hi half with the rope codes, and the half's
+// two tile scales), i.e. 2 x (16 + 2) registers, 2 x (20 + 2) in fp8. The
+// producer stores the halves in the order 0 lo, 1 hi, 0 hi, 1 lo, so slot b
+// (buffer b) alternates between the two halves of block b; once a unit is
+// converted the producer issues, into the same registers, the loads of the
+// next half of that buffer (two gathers ahead), so at every empty wait the
+// loads of this half and of the next one are in flight, a block's worth.
+template <CacheFormat F>
+struct KeyGather<F, true> {
+  static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
+  static constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
+  static constexpr int kThreadsPerRow = 4;
+  static constexpr int kRowsPerThread = kBlockKeys * kThreadsPerRow / 128;  // 2
+  static constexpr int kLoads = kLoBlocks + (kDsMla ? 0 : 1);  // 16-byte code loads of a half (+ fp8 rope, hi only)
+  static constexpr int full_arrivals(int half) { return kDsMla && half == kHi ? 256 : 128; }
+  static constexpr int kBytesPerToken = cache_token_bytes(F);
+  // Bytes the peer writes into one half of this CTA's buffer: its 32 rows x
+  // (4 dim blocks, plus fp8's rope block in the hi half) x 128 B. Exactly
+  // what store() sends per half: 128 threads x (kLoBlocks (+1)) x 2 x 16 B.
+  static constexpr int peer_bytes(int half) {
+    return (kBlockKeys / 2) * (kLoBlocks + (!kDsMla && half == kHi ? 1 : 0)) * 128;
+  }
+  static_assert(peer_bytes(kLo) == 128 * kLoBlocks * 2 * 16);
+  static_assert(peer_bytes(kHi) == 128 * (kLoBlocks + (kDsMla ? 0 : 1)) * 2 * 16);
+
+  unsigned t;  // producer thread, 0..127
+  Peer peer;
+  uint4 raw[2][kLoads];  // [buffer]: one half of the own row
+  float2 scale[2];       // [buffer]: fp8_ds_mla the half's two tile scales; fp8 k_scale
+
+  __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
+  __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
+  // The own row's slot among a buffer's two (a select: a runtime index into
+  // a register array would go through local memory).
+  __device__ __forceinline__ std::int32_t own_slot(const std::int32_t (&slots)[kRowsPerThread]) const {
+    return peer.rank == 0 ? slots[0] : slots[1];
+  }
+
+  // The loads of half `half` of the own row of a block of buffer b, into slot b.
+  template <int b>
+  __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
+    const int q = static_cast<int>(t % kThreadsPerRow);
+    const std::int32_t s = w.checked(own_slot(slots));
+    const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < kLoBlocks; ++k) {
+      const int block = first_block(half) + k;
+      raw[b][k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+    }
+    if (!kDsMla && half == kHi)
+      raw[b][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+    if constexpr (kDsMla) {
+      const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
+      scale[b] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
+    } else {
+      scale[b] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
+    }
+  }
+
+  // Half `half` of buffer b from slot b; then next() (once the slot's
+  // registers are free: it issues the next loads into them), the fence, and
+  // the arrival on `full` (thread 0 with the peer's bytes).
+  template <int b, int half, class Next>
+  __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread],
+                                        std::uint8_t* smem, pl::Mbarrier* full, Next&& next) {
+    const int q = static_cast<int>(t % kThreadsPerRow);
+    constexpr int tile = kSmemK + b * kTileBytes;
+    std::uint8_t* buf = smem + tile;
+    const std::uint32_t base = pl::smem_addr(buf);
+    constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
+    if constexpr (kDsMla && half == kHi) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const std::int32_t s = w.checked(slots[i]);
+        const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken +
+                                  kDsMlaRopeOffset + 32 * q;
+        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q), src, s >= 0);
+        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q + 1), src + 16, s >= 0);
+      }
+      pl::arrive_on_copies(full);
+    }
+    // The peer's copy of `full`: the same index of its barrier array.
+    pl::Mbarrier* peer_full = peer.bars + (full - reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars));
+    const int r = row(peer.rank);
+    auto put = [&](int chunk, const uint4& v) {
+      pl::store_shared_16(base + tile_offset(r, chunk), v);
+      pl::store_remote_16(peer.smem + tile + tile_offset(r, chunk), v, peer_full);
+    };
+#pragma unroll
+    for (int k = 0; k < kLoBlocks; ++k) {
+      const int block = first_block(half) + k;  // blocks 0, 1 of the half share scale.x
+      uint4 lo, hi;
+      e4m3x16_to_bf16(raw[b][k], k < 2 ? scale[b].x : scale[b].y, lo, hi);
+      put(8 * block + 2 * q, lo);
+      put(8 * block + 2 * q + 1, hi);
+    }
+    if constexpr (!kDsMla && half == kHi) {
+      uint4 lo, hi;
+      e4m3x16_to_bf16(raw[b][kLoBlocks], scale[b].x, lo, hi);
+      put(rope + 2 * q, lo);
+      put(rope + 2 * q + 1, hi);
+    }
+    next();
+    pl::fence_smem_for_mma();  // generic-proxy writes, read by wgmma
+    if (t == 0) pl::arrive_expect_tx(full, peer_bytes(half));
     else pl::arrive(full);
   }
 };

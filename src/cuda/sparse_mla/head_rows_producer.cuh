@@ -23,6 +23,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
   const Schedule<kPaired> sched(args);
   int round = 0;   // rounds so far, over all items of this CTA
   int q_loads = 0;  // queries loaded so far
+  [[maybe_unused]] bool primed = false;  // paired: the current item's first two halves are loaded (head_rows_gather.cuh)
 
   // Items without keys need no loads: skip them, and look one item ahead so
   // that its valid count and first slots are loaded while this one runs.
@@ -59,58 +60,123 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     pl::arrive_on_copies(bars.q_full());
     ++q_loads;
 
-    // b and half as template arguments: every loop bound and offset is static.
-    // The loads of half (nb, nhalf), the next one in gather order, are issued
-    // row by row while this half is stored (when `chain`), so that one row's
-    // codes are in flight while the other is dequantised: an fp8 producer
-    // holds one half's codes in registers and would otherwise wait a full
-    // load latency per half (NOTES.md v13). `loaded`: this half's loads were
-    // issued so.
-    bool loaded = false;
-    auto gather = [&]<int b, int half, int nb, int nhalf>(bool chain) {
-      if (!loaded) keys.load(w, slots[b], half);
-      pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-      keys.store(w, slots[b], half, b, smem, bars.full(b, half),
-                 [&](int i) { if (chain) keys.load_unit(w, slots[nb], nhalf, i); });
-      loaded = chain;
-      // With the first half of a buffer, its keys' valid flags (the consumers
-      // read them after S, before releasing that half): the first thread of
-      // each row writes its rows' flags.
-      if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
-#pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i)
-          smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
-        pl::arrive(bars.valid(b));
-      }
-    };
-    auto load_slots = [&](const WorkItem& from, int b, int block) {
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
-    };
-
     int count_ahead = 0, pos_ahead = sched.count;
-    for (int r = 0; r < w.rounds; ++r, ++round) {
-      // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
-      const bool more = r + 1 < w.rounds;
-      gather.template operator()<0, kLo, 1, kHi>(true);
-      gather.template operator()<1, kHi, 0, kHi>(true);
-      gather.template operator()<0, kHi, 1, kLo>(true);
-      // Buffer 0's slots of the next round, needed by the chained loads of the
-      // last gather; the next item's (after the round) are not chained.
-      if (more) load_slots(w, 0, 2 * (r + 1));
-      gather.template operator()<1, kLo, 0, kLo>(more);
-      if (more) {
-        load_slots(w, 1, 2 * (r + 1) + 1);
-      } else {
-        // Slots of the next item's first round: issued now, used after the
-        // consumers release a buffer.
-        pos_ahead = next_busy(pos + sched.stride, count_ahead);
-        const WorkItem w_next = sched.work(args, pos_ahead, count_ahead);
-        const bool any_next = pos_ahead < sched.count;
+    if constexpr (kPaired) {
+      // Paired (NOTES.md v17): slot b of the gather holds one half of the
+      // own row of buffer b's block; storing it issues the loads of that
+      // buffer's next half, two gathers ahead in the order 0 lo, 1 hi, 0 hi,
+      // 1 lo (head_rows_gather.cuh). So the next round's slots are needed
+      // one gather earlier than unpaired: `ahead` holds them from the round's
+      // start. An item's first two halves (0 lo, 1 hi) are loaded together
+      // as soon as its slots are: for the first item after its query, for
+      // the others at the end of the item before (`primed`).
+      if (!primed) {
+        keys.template load<0>(w, slots[0], kLo);
+        keys.template load<1>(w, slots[1], kHi);
+      }
+      std::int32_t ahead[2][kRowsPerThread];
+      // b, half and the next half as template arguments: every loop bound and
+      // offset is static. `next` issues the chained loads (or nothing).
+      auto gather = [&]<int b, int half>(auto&& next) {
+        pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+        keys.template store<b, half>(w, slots[b], smem, bars.full(b, half), next);
+        // With the first half of a buffer, its keys' valid flags (the
+        // consumers read them after S, before releasing that half): the
+        // first thread of each row writes its rows' flags.
+        if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+          for (int i = 0; i < kRowsPerThread; ++i)
+            smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
+          pl::arrive(bars.valid(b));
+        }
+      };
+      for (int r = 0; r < w.rounds; ++r, ++round) {
+        const bool more = r + 1 < w.rounds;
+        if (more) {
 #pragma unroll
-          for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
+        }
+        gather.template operator()<0, kLo>([&] { keys.template load<0>(w, slots[0], kHi); });
+        gather.template operator()<1, kHi>([&] { keys.template load<1>(w, slots[1], kLo); });
+        gather.template operator()<0, kHi>([&] { if (more) keys.template load<0>(w, ahead[0], kLo); });
+        gather.template operator()<1, kLo>([&] { if (more) keys.template load<1>(w, ahead[1], kHi); });
+        if (more) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = ahead[b][i];
+        } else {
+          // Slots of the next item's first round, and its first two halves'
+          // loads (in flight while the consumers finish this item).
+          pos_ahead = next_busy(pos + sched.stride, count_ahead);
+          const WorkItem w_next = sched.work(args, pos_ahead, count_ahead);
+          const bool any_next = pos_ahead < sched.count;
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
+          if (any_next) {
+            keys.template load<0>(w_next, slots[0], kLo);
+            keys.template load<1>(w_next, slots[1], kHi);
+          }
+          primed = any_next;
+        }
+      }
+    } else {
+      // b and half as template arguments: every loop bound and offset is static.
+      // The loads of half (nb, nhalf), the next one in gather order, are issued
+      // row by row while this half is stored (when `chain`), so that one row's
+      // codes are in flight while the other is dequantised: an fp8 producer
+      // holds one half's codes in registers and would otherwise wait a full
+      // load latency per half (NOTES.md v13). `loaded`: this half's loads were
+      // issued so.
+      bool loaded = false;
+      auto gather = [&]<int b, int half, int nb, int nhalf>(bool chain) {
+        if (!loaded) keys.load(w, slots[b], half);
+        pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+        keys.store(w, slots[b], half, b, smem, bars.full(b, half),
+                   [&](int i) { if (chain) keys.load_unit(w, slots[nb], nhalf, i); });
+        loaded = chain;
+        // With the first half of a buffer, its keys' valid flags (the consumers
+        // read them after S, before releasing that half): the first thread of
+        // each row writes its rows' flags.
+        if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
+#pragma unroll
+          for (int i = 0; i < kRowsPerThread; ++i)
+            smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
+          pl::arrive(bars.valid(b));
+        }
+      };
+      auto load_slots = [&](const WorkItem& from, int b, int block) {
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
+      };
+
+      for (int r = 0; r < w.rounds; ++r, ++round) {
+        // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
+        const bool more = r + 1 < w.rounds;
+        gather.template operator()<0, kLo, 1, kHi>(true);
+        gather.template operator()<1, kHi, 0, kHi>(true);
+        gather.template operator()<0, kHi, 1, kLo>(true);
+        // Buffer 0's slots of the next round, needed by the chained loads of the
+        // last gather; the next item's (after the round) are not chained.
+        if (more) load_slots(w, 0, 2 * (r + 1));
+        gather.template operator()<1, kLo, 0, kLo>(more);
+        if (more) {
+          load_slots(w, 1, 2 * (r + 1) + 1);
+        } else {
+          // Slots of the next item's first round: issued now, used after the
+          // consumers release a buffer.
+          pos_ahead = next_busy(pos + sched.stride, count_ahead);
+          const WorkItem w_next = sched.work(args, pos_ahead, count_ahead);
+          const bool any_next = pos_ahead < sched.count;
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
+        }
       }
     }
     pos = pos_ahead;
