@@ -35,6 +35,34 @@ struct Peer {
 template <CacheFormat F, bool kPaired>
 struct KeyGather;
 
+// The loads of one half of the key in cache slot `slot` (checked; an invalid
+// one gives zeros) for column quarter q: the 16 codes of each of the half's
+// four 64-dim blocks, fp8's 16 rope codes in the hi half (raw[kLoBlocks]),
+// and the half's scales (fp8_ds_mla: its two 128-dim tile scales; fp8: k_scale).
+template <CacheFormat F, int kLoads>
+__device__ __forceinline__ void load_half_row(const WorkItem& w, std::int32_t slot, int half, int q,
+                                              uint4 (&raw)[kLoads], float2& scale) {
+  constexpr bool kDsMla = F == CacheFormat::fp8_ds_mla;
+  static_assert(kLoads == kLoBlocks + (kDsMla ? 0 : 1));
+  const std::int32_t s = w.checked(slot);
+  const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * cache_token_bytes(F);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int k = 0; k < kLoBlocks; ++k) {
+    const int block = first_block(half) + k;
+    raw[k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+  }
+  if (!kDsMla && half == kHi)
+    raw[kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+  if constexpr (kDsMla) {
+    const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
+    scale = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
+  } else {
+    scale = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
+  }
+}
+
+
 // bf16: cp.async copies straight into the swizzled tile, nothing in registers.
 // Eight threads per key row, each copies one 16-byte chunk of every dim block.
 // Never paired: cp.async has no remote form, and a bf16 round costs no
@@ -115,23 +143,7 @@ struct KeyGather {
   // The loads of unit j (row(j)).
   __device__ __forceinline__ void load_unit(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half,
                                            int j) {
-    const int q = static_cast<int>(t % kThreadsPerRow);
-    const std::int32_t s = w.checked(slots[j]);
-    const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int k = 0; k < kUnitBlocks; ++k) {
-      const int block = first_block(half) + k;
-      raw[j][k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
-    }
-    if (unit_rope(half))
-      raw[j][kUnitBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
-    if constexpr (kDsMla) {
-      const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
-      scale[j] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
-    } else {
-      scale[j] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
-    }
+    load_half_row<F>(w, slots[j], half, static_cast<int>(t % kThreadsPerRow), raw[j], scale[j]);
   }
 
   template <class Next>
@@ -228,23 +240,7 @@ struct KeyGather<F, true> {
   // The loads of half `half` of the own row of a block of buffer b, into slot b.
   template <int b>
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
-    const int q = static_cast<int>(t % kThreadsPerRow);
-    const std::int32_t s = w.checked(own_slot(slots));
-    const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int k = 0; k < kLoBlocks; ++k) {
-      const int block = first_block(half) + k;
-      raw[b][k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
-    }
-    if (!kDsMla && half == kHi)
-      raw[b][kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
-    if constexpr (kDsMla) {
-      const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
-      scale[b] = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
-    } else {
-      scale[b] = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
-    }
+    load_half_row<F>(w, own_slot(slots), half, static_cast<int>(t % kThreadsPerRow), raw[b], scale[b]);
   }
 
   // Half `half` of buffer b from slot b; then next() (once the slot's

@@ -61,6 +61,29 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     ++q_loads;
 
     int count_ahead = 0, pos_ahead = sched.count;
+    // With the first half of a buffer, its keys' valid flags (the consumers
+    // read them after S, before releasing that half): the first thread of
+    // each row writes its rows' flags.
+    auto write_valid = [&]<int b, int half>() {
+      if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i)
+          smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
+        pl::arrive(bars.valid(b));
+      }
+    };
+    // After an item's last round: the next busy item (into pos_ahead /
+    // count_ahead) and the slots of its first round (-1 without one).
+    auto next_item_slots = [&](int& next_pos, int& next_count) {
+      next_pos = next_busy(pos + sched.stride, next_count);
+      const WorkItem w_next = sched.work(args, next_pos, next_count);
+      const bool any_next = next_pos < sched.count;
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
+      return w_next;
+    };
     if constexpr (kPaired) {
       // Paired (NOTES.md v17): slot b of the gather holds one half of the
       // own row of buffer b's block; storing it issues the loads of that
@@ -80,15 +103,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       auto gather = [&]<int b, int half>(auto&& next) {
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
         keys.template store<b, half>(w, slots[b], smem, bars.full(b, half), next);
-        // With the first half of a buffer, its keys' valid flags (the
-        // consumers read them after S, before releasing that half): the
-        // first thread of each row writes its rows' flags.
-        if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
-#pragma unroll
-          for (int i = 0; i < kRowsPerThread; ++i)
-            smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
-          pl::arrive(bars.valid(b));
-        }
+        write_valid.template operator()<b, half>();
       };
       for (int r = 0; r < w.rounds; ++r, ++round) {
         const bool more = r + 1 < w.rounds;
@@ -110,13 +125,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         } else {
           // Slots of the next item's first round, and its first two halves'
           // loads (in flight while the consumers finish this item).
-          pos_ahead = next_busy(pos + sched.stride, count_ahead);
-          const WorkItem w_next = sched.work(args, pos_ahead, count_ahead);
+          const WorkItem w_next = next_item_slots(pos_ahead, count_ahead);
           const bool any_next = pos_ahead < sched.count;
-#pragma unroll
-          for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
           if (any_next) {
             keys.template load<0>(w_next, slots[0], kLo);
             keys.template load<1>(w_next, slots[1], kHi);
@@ -139,15 +149,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         keys.store(w, slots[b], half, b, smem, bars.full(b, half),
                    [&](int i) { if (chain) keys.load_unit(w, slots[nb], nhalf, i); });
         loaded = chain;
-        // With the first half of a buffer, its keys' valid flags (the consumers
-        // read them after S, before releasing that half): the first thread of
-        // each row writes its rows' flags.
-        if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
-#pragma unroll
-          for (int i = 0; i < kRowsPerThread; ++i)
-            smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
-          pl::arrive(bars.valid(b));
-        }
+        write_valid.template operator()<b, half>();
       };
       auto load_slots = [&](const WorkItem& from, int b, int block) {
 #pragma unroll
@@ -169,13 +171,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         } else {
           // Slots of the next item's first round: issued now, used after the
           // consumers release a buffer.
-          pos_ahead = next_busy(pos + sched.stride, count_ahead);
-          const WorkItem w_next = sched.work(args, pos_ahead, count_ahead);
-          const bool any_next = pos_ahead < sched.count;
-#pragma unroll
-          for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = any_next ? w_next.raw_slot(b, keys.row(i)) : -1;
+          next_item_slots(pos_ahead, count_ahead);
         }
       }
     }
