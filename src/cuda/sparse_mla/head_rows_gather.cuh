@@ -35,6 +35,27 @@ struct Peer {
 template <CacheFormat F, bool kPaired>
 struct KeyGather;
 
+// fp8_ds_mla's rope block (64 bf16 a key, stored unquantised) of the two rows
+// of producer thread t (rows t / 4 and t / 4 + 32, 32 bytes each), by
+// cp.async straight into the tile at buf; one more arrival on `full` when
+// they land. No register holds it.
+__device__ __forceinline__ void copy_ds_mla_rope(const WorkItem& w, const std::int32_t (&slots)[2], unsigned t,
+                                                 std::uint8_t* buf, pl::Mbarrier* full) {
+  constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
+  const int q = static_cast<int>(t % 4);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = static_cast<int>(t / 4) + 32 * i;
+    const std::int32_t s = w.checked(slots[i]);
+    const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * cache_token_bytes(CacheFormat::fp8_ds_mla) +
+                              kDsMlaRopeOffset + 32 * q;
+    pl::copy_16(buf + tile_offset(row, rope + 2 * q), src, s >= 0);
+    pl::copy_16(buf + tile_offset(row, rope + 2 * q + 1), src + 16, s >= 0);
+  }
+  pl::arrive_on_copies(full);
+}
+
+
 // The loads of one half of the key in cache slot `slot` (checked; an invalid
 // one gives zeros) for column quarter q: the 16 codes of each of the half's
 // four 64-dim blocks, fp8's 16 rope codes in the hi half (raw[kLoBlocks]),
@@ -154,17 +175,7 @@ struct KeyGather {
     std::uint8_t* buf = smem + tile;
     const std::uint32_t base = pl::smem_addr(buf);
     constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
-    if (kDsMla && half == kHi) {
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const std::int32_t s = w.checked(slots[i]);
-        const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken +
-                                  kDsMlaRopeOffset + 32 * q;
-        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q), src, s >= 0);
-        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q + 1), src + 16, s >= 0);
-      }
-      pl::arrive_on_copies(full);
-    }
+    if (kDsMla && half == kHi) copy_ds_mla_rope(w, slots, t, buf, full);
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
       const int r = row(j);
@@ -254,17 +265,7 @@ struct KeyGather<F, true> {
     std::uint8_t* buf = smem + tile;
     const std::uint32_t base = pl::smem_addr(buf);
     constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block
-    if constexpr (kDsMla && half == kHi) {
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const std::int32_t s = w.checked(slots[i]);
-        const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken +
-                                  kDsMlaRopeOffset + 32 * q;
-        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q), src, s >= 0);
-        pl::copy_16(buf + tile_offset(row(i), rope + 2 * q + 1), src + 16, s >= 0);
-      }
-      pl::arrive_on_copies(full);
-    }
+    if constexpr (kDsMla && half == kHi) copy_ds_mla_rope(w, slots, t, buf, full);
     // The peer's copy of `full`: the same index of its barrier array.
     pl::Mbarrier* peer_full = peer.bars + (full - reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars));
     const int r = row(peer.rank);
