@@ -47,8 +47,9 @@ __device__ __forceinline__ void copy_ds_mla_rope(const WorkItem& w, const std::i
   for (int i = 0; i < 2; ++i) {
     const int row = static_cast<int>(t / 4) + 32 * i;
     const std::int32_t s = w.checked(slots[i]);
-    const std::uint8_t* src = w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * cache_token_bytes(CacheFormat::fp8_ds_mla) +
-                              kDsMlaRopeOffset + 32 * q;
+    constexpr int kBytesPerToken = cache_token_bytes(CacheFormat::fp8_ds_mla);
+    const std::uint8_t* src =
+        w.p->kv_cache + static_cast<std::int64_t>(s < 0 ? 0 : s) * kBytesPerToken + kDsMlaRopeOffset + 32 * q;
     pl::copy_16(buf + tile_offset(row, rope + 2 * q), src, s >= 0);
     pl::copy_16(buf + tile_offset(row, rope + 2 * q + 1), src + 16, s >= 0);
   }

@@ -23,7 +23,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
   const Schedule<kPaired> sched(args);
   int round = 0;   // rounds so far, over all items of this CTA
   int q_loads = 0;  // queries loaded so far
-  [[maybe_unused]] bool primed = false;  // paired: the current item's first two halves are loaded (head_rows_gather.cuh)
+  // Paired: the current item's first two halves are already loaded (head_rows_gather.cuh).
+  [[maybe_unused]] bool primed = false;
 
   // Items without keys need no loads: skip them, and look one item ahead so
   // that its valid count and first slots are loaded while this one runs.
