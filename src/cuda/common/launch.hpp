@@ -13,8 +13,10 @@
 namespace dsmla::cuda {
 
 // compute() for `kernel` on the current device, once: later calls with the
-// same kernel and device return the first result (each call site keeps its
-// own cache). For launch properties that belong to the device's context and
+// same kernel and device return the first result. Each call site keeps its
+// own cache (every lambda is its own Compute type, so its own instantiation
+// and its own static map): opt_in_shared_memory's entry for a kernel and
+// another question about the same kernel never collide. For launch properties that belong to the device's context and
 // stay fixed, so they are host work once, not on every launch; safe during
 // graph capture.
 template <class Compute>

@@ -36,11 +36,8 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
     config.attrs = &cluster;
     config.numAttrs = 1;
     // Clusters of two that fit at once (one CTA per multiprocessor; the GPCs
-    // decide how many pairs there are), printed once per device. Cached under
-    // its own key: keyed by `kernel`, it found the value opt_in_shared_memory
-    // had cached (the smem size) and was never queried (until v17).
-    static const char cluster_key = 0;  // one per instantiation
-    const std::int64_t pairs = once_per_kernel_and_device(&cluster_key, [&] {
+    // decide how many pairs there are), printed once per device.
+    const std::int64_t pairs = once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
       cudaLaunchConfig_t probe = config;
       probe.gridDim = dim3(2);
       int clusters = 0;
