@@ -10,7 +10,7 @@
 //                          issue the next half's loads of unit j (load_unit).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
 // The paired fp8 gather (KeyGather<F, true>) has its own staging and calls:
-// load<b>(w, slots, half) and store<b, half>(w, slots, smem, full, next).
+// load<slot>(w, slots, half) and store<slot, b, half>(w, slots, smem, full, next).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -210,14 +210,16 @@ struct KeyGather {
 // peer's full barrier of that half (the peer's thread 0 expects them). The
 // fp8_ds_mla rope stays a per-CTA cp.async of both rows (all 64 keys), with
 // no remote traffic; the valid flags stay per CTA.
-// Staging (NOTES.md v17): one unit per key buffer, a whole half of the own
-// row (4 x 16 codes, 5 in fp8's hi half with the rope codes, and the half's
-// two tile scales), i.e. 2 x (16 + 2) registers, 2 x (20 + 2) in fp8. The
-// producer stores the halves in the order 0 lo, 1 hi, 0 hi, 1 lo, so slot b
-// (buffer b) alternates between the two halves of block b; once a unit is
-// converted the producer issues, into the same registers, the loads of the
-// next half of that buffer (two gathers ahead), so at every empty wait the
-// loads of this half and of the next one are in flight, a block's worth.
+// Staging (NOTES.md v17, v18): two register slots, each a whole half of the
+// own row (4 x 16 codes, 5 in fp8's hi half with the rope codes, and the
+// half's two tile scales). Slot kLo always holds a lo half, slot kHi a hi
+// half (fp8's rope codes only ever in slot kHi): 2 x (16 + 2) registers,
+// 16 + 2 + 20 + 2 in fp8. The producer stores the halves in block order
+// (0 lo, 0 hi, 1 lo, 1 hi); once a slot is converted it issues, into the same
+// registers, the loads of the same half of the next block (two gathers
+// ahead), so at every empty wait the loads of this half and of the next one
+// are in flight, a block's worth. The register slot and the key buffer are
+// separate template arguments.
 template <CacheFormat F>
 struct KeyGather<F, true> {
   static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
@@ -238,8 +240,8 @@ struct KeyGather<F, true> {
 
   unsigned t;  // producer thread, 0..127
   Peer peer;
-  uint4 raw[2][kLoads];  // [buffer]: one half of the own row
-  float2 scale[2];       // [buffer]: fp8_ds_mla the half's two tile scales; fp8 k_scale
+  uint4 raw[2][kLoads];  // [slot]: one half of the own row (slot kLo: raw[kLo][kLoBlocks] unused)
+  float2 scale[2];       // [slot]: fp8_ds_mla the half's two tile scales; fp8 k_scale
 
   __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
@@ -249,16 +251,17 @@ struct KeyGather<F, true> {
     return peer.rank == 0 ? slots[0] : slots[1];
   }
 
-  // The loads of half `half` of the own row of a block of buffer b, into slot b.
-  template <int b>
+  // The loads of half `half` of the own row of the block whose slots are
+  // `slots`, into register slot `slot`.
+  template <int slot>
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
-    load_half_row<F>(w, own_slot(slots), half, static_cast<int>(t % kThreadsPerRow), raw[b], scale[b]);
+    load_half_row<F>(w, own_slot(slots), half, static_cast<int>(t % kThreadsPerRow), raw[slot], scale[slot]);
   }
 
-  // Half `half` of buffer b from slot b; then next() (once the slot's
-  // registers are free: it issues the next loads into them), the fence, and
-  // the arrival on `full` (thread 0 with the peer's bytes).
-  template <int b, int half, class Next>
+  // Half `half` of key buffer b from register slot `slot`; then next() (once
+  // the slot's registers are free: it issues the next loads into them), the
+  // fence, and the arrival on `full` (thread 0 with the peer's bytes).
+  template <int slot, int b, int half, class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread],
                                         std::uint8_t* smem, pl::Mbarrier* full, Next&& next) {
     const int q = static_cast<int>(t % kThreadsPerRow);
@@ -278,13 +281,13 @@ struct KeyGather<F, true> {
     for (int k = 0; k < kLoBlocks; ++k) {
       const int block = first_block(half) + k;  // blocks 0, 1 of the half share scale.x
       uint4 lo, hi;
-      e4m3x16_to_bf16(raw[b][k], k < 2 ? scale[b].x : scale[b].y, lo, hi);
+      e4m3x16_to_bf16(raw[slot][k], k < 2 ? scale[slot].x : scale[slot].y, lo, hi);
       put(8 * block + 2 * q, lo);
       put(8 * block + 2 * q + 1, hi);
     }
     if constexpr (!kDsMla && half == kHi) {
       uint4 lo, hi;
-      e4m3x16_to_bf16(raw[b][kLoBlocks], scale[b].x, lo, hi);
+      e4m3x16_to_bf16(raw[slot][kLoBlocks], scale[slot].x, lo, hi);
       put(rope + 2 * q, lo);
       put(rope + 2 * q + 1, hi);
     }

@@ -1,11 +1,12 @@
 // The warp-specialised heads-as-rows sparse MLA kernel (every cache format): barrier
 // set-up and the split into the producer (head_rows_producer.cuh) and the two
-// consumer warpgroups (head_rows_consumer.cuh); the design is described in
-// head_rows_layout.cuh.
+// consumer warpgroups (head_rows_consumer.cuh; paired, their roles in
+// head_rows_roles_consumer.cuh); the design is described in head_rows_layout.cuh.
 #pragma once
 #include <cstdint>
 
 #include "cuda/sparse_mla/head_rows_consumer.cuh"
+#include "cuda/sparse_mla/head_rows_roles_consumer.cuh"
 #include "cuda/sparse_mla/head_rows_producer.cuh"
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
@@ -29,15 +30,16 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
     pl::init(bars.q_full(), 128);
-    pl::init(bars.q_empty(), kConsumerThreads);
+    pl::init(bars.q_empty(), kPaired ? 128 : kConsumerThreads);  // paired: only warpgroup 0 reads the query
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
         pl::init(bars.full(b, h), KeyGather<F, kPaired>::full_arrivals(h));
-        // Paired: one more arrival per warp of the peer's readers.
-        pl::init(bars.empty(b, h), empty_arrivals(b, h) + (kPaired ? empty_arrivals(b, h) / 32 : 0));
+        // Paired: the roles' readers, and one more arrival per warp of the peer's.
+        const int readers = kPaired ? roles_empty_arrivals(h) : empty_arrivals(b, h);
+        pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
-    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);
+    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired: p_ready(buffer w)
     pl::fence_init();
   }
   // Paired, the peer arrives on these barriers and writes this tile: both
@@ -45,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   sync_all<kPaired>();
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
-    pl::shrink_registers<kProducerRegs<kFp8>>();
+    pl::shrink_registers<kPaired ? kRolesProducerRegs : kProducerRegs<kFp8>>();
     Peer peer{0, nullptr, nullptr};
     if constexpr (kPaired) {
       peer.rank = pair_rank();
@@ -53,6 +55,14 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
     produce<F, kPaired>(args, bars, smem, peer);
+  } else if constexpr (kPaired) {
+    if (wg == 0) {
+      pl::grow_registers<kRolesRegs0>();
+      RolesConsumer<0>(bars, smem).run(args);
+    } else {
+      pl::grow_registers<kRolesRegs1>();
+      RolesConsumer<1>(bars, smem).run(args);
+    }
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     Consumer<0, kPaired>(bars, smem).run(args);

@@ -62,16 +62,21 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     ++q_loads;
 
     int count_ahead = 0, pos_ahead = sched.count;
-    // With the first half of a buffer, its keys' valid flags (the consumers
-    // read them after S, before releasing that half): the first thread of
-    // each row writes its rows' flags.
-    auto write_valid = [&]<int b, int half>() {
-      if (half == (b == 0 ? kLo : kHi) && t % Gather::kThreadsPerRow == 0) {
+    // With the first half of a buffer that S reads, its keys' valid flags
+    // (the consumers read them after S, before releasing that half): the
+    // first thread of each row writes its rows' flags. write_valid is the
+    // unpaired order (buffer 0: lo, buffer 1: hi); paired, S reads lo first
+    // in both buffers.
+    auto write_flags = [&]<int b>() {
+      if (t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
         for (int i = 0; i < kRowsPerThread; ++i)
           smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
         pl::arrive(bars.valid(b));
       }
+    };
+    auto write_valid = [&]<int b, int half>() {
+      if constexpr (half == (b == 0 ? kLo : kHi)) write_flags.template operator()<b>();
     };
     // After an item's last round: the next busy item (into pos_ahead /
     // count_ahead) and the slots of its first round (-1 without one).
@@ -86,25 +91,29 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       return w_next;
     };
     if constexpr (kPaired) {
-      // Paired (NOTES.md v17): slot b of the gather holds one half of the
-      // own row of buffer b's block; storing it issues the loads of that
-      // buffer's next half, two gathers ahead in the order 0 lo, 1 hi, 0 hi,
-      // 1 lo (head_rows_gather.cuh). So the next round's slots are needed
-      // one gather earlier than unpaired: `ahead` holds them from the round's
-      // start. An item's first two halves (0 lo, 1 hi) are loaded together
-      // as soon as its slots are: for the first item after its query, for
-      // the others at the end of the item before (`primed`).
+      // Paired (NOTES.md v17, v18): the consumer roles of the paired kernel
+      // (head_rows_roles_consumer.cuh) take the key blocks one at a time, so
+      // the halves are stored in block order, 0 lo, 0 hi, 1 lo, 1 hi: buffer
+      // b is refilled while the other buffer's block is computed. Register
+      // slot kLo / kHi of the gather holds a lo / hi half; storing it issues
+      // the loads of the same half of the next block (two gathers ahead). So
+      // the next round's buffer-0 slots are needed one gather earlier than
+      // unpaired: `ahead` holds them (and buffer 1's) from the round's start.
+      // An item's first two halves (0 lo, 0 hi) are loaded together as soon
+      // as its slots are: for the first item after its query, for the others
+      // at the end of the item before (`primed`). The valid flags of both
+      // buffers go with the lo half, the one S waits for first.
       if (!primed) {
-        keys.template load<0>(w, slots[0], kLo);
-        keys.template load<1>(w, slots[1], kHi);
+        keys.template load<kLo>(w, slots[0], kLo);
+        keys.template load<kHi>(w, slots[0], kHi);
       }
       std::int32_t ahead[2][kRowsPerThread];
-      // b, half and the next half as template arguments: every loop bound and
-      // offset is static. `next` issues the chained loads (or nothing).
+      // b and half as template arguments: every loop bound and offset is
+      // static. `next` issues the chained loads (or nothing).
       auto gather = [&]<int b, int half>(auto&& next) {
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-        keys.template store<b, half>(w, slots[b], smem, bars.full(b, half), next);
-        write_valid.template operator()<b, half>();
+        keys.template store<half, b, half>(w, slots[b], smem, bars.full(b, half), next);
+        if constexpr (half == kLo) write_flags.template operator()<b>();
       };
       for (int r = 0; r < w.rounds; ++r, ++round) {
         const bool more = r + 1 < w.rounds;
@@ -114,10 +123,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
             for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
         }
-        gather.template operator()<0, kLo>([&] { keys.template load<0>(w, slots[0], kHi); });
-        gather.template operator()<1, kHi>([&] { keys.template load<1>(w, slots[1], kLo); });
-        gather.template operator()<0, kHi>([&] { if (more) keys.template load<0>(w, ahead[0], kLo); });
-        gather.template operator()<1, kLo>([&] { if (more) keys.template load<1>(w, ahead[1], kHi); });
+        gather.template operator()<0, kLo>([&] { keys.template load<kLo>(w, slots[1], kLo); });
+        gather.template operator()<0, kHi>([&] { keys.template load<kHi>(w, slots[1], kHi); });
+        gather.template operator()<1, kLo>([&] { if (more) keys.template load<kLo>(w, ahead[0], kLo); });
+        gather.template operator()<1, kHi>([&] { if (more) keys.template load<kHi>(w, ahead[0], kHi); });
         if (more) {
 #pragma unroll
           for (int b = 0; b < 2; ++b)
@@ -129,8 +138,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
           const WorkItem w_next = next_item_slots(pos_ahead, count_ahead);
           const bool any_next = pos_ahead < sched.count;
           if (any_next) {
-            keys.template load<0>(w_next, slots[0], kLo);
-            keys.template load<1>(w_next, slots[1], kHi);
+            keys.template load<kLo>(w_next, slots[0], kLo);
+            keys.template load<kHi>(w_next, slots[0], kHi);
           }
           primed = any_next;
         }
