@@ -28,6 +28,10 @@
 // them). A key buffer half is free only once both CTAs' consumers are done
 // with it, so each consumer warp also arrives on the peer's empty barrier.
 // Valid flags, the fp8_ds_mla rope (cp.async) and the query stay per CTA.
+// The paired kernel's consumers also have other roles (NOTES.md v18,
+// head_rows_roles_consumer.cuh): one key block at a time, warpgroup 0 S, the
+// softmax and O[:, 0:256), warpgroup 1 O[:, 256:512) from P in smem, so the
+// empty counts, the barrier uses and the register split below differ there.
 #pragma once
 #include <cstdint>
 
@@ -67,6 +71,7 @@ inline constexpr int kLoBlocks = 4;  // dims [0, 256): the value columns of warp
 //                which is written into the rope block once S_0 is done) -> 256
 //   buffer 1 lo: warpgroup 1 (S_1), warpgroup 0 (P_1 V_1)               -> 256
 //   buffer 1 hi: warpgroup 1 (S_1, then P_1 V_1)      -> 128
+// (Unpaired; the paired roles: roles_empty_arrivals, head_rows_roles_consumer.cuh.)
 enum Half : int { kLo = 0, kHi = 1 };
 __host__ __device__ constexpr int empty_arrivals(int buffer, int half) { return buffer == half ? 128 : 256; }
 
