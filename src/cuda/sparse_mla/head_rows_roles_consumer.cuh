@@ -127,8 +127,10 @@ struct RolesConsumer : Consumer<kWg, true> {
   // Blocks 0 .. 2 rounds - 1 of the item. With an odd block count the last
   // one does not exist: the producer still zero-fills its buffer and marks
   // its keys invalid, so its barriers are waited for and released like any
-  // other's, and only its products are skipped (its S stays the previous P,
-  // masked to -inf by the flags: P 0, alpha 1).
+  // other's, and only its S is skipped (s keeps the previous P, masked to
+  // -inf by the flags: P 0, alpha 1, or 0 while no key was valid); the P V
+  // products run and add 0 (a condition around them cost an empty wgmma
+  // group, and in warpgroup 1 serialisation, C7515).
   __device__ __forceinline__ void process_s_softmax(int round, int& q_uses) {
     const float scale_log2 = item.p->softmax_scale * sm::kLog2e;
     const int n = 2 * item.rounds;
@@ -144,7 +146,6 @@ struct RolesConsumer : Consumer<kWg, true> {
     for (int i = 0; i < n; ++i) {
       const int b = i & 1;
       const int ph = phase(round, i);
-      const bool live = i < item.blocks;
       // S_i is done: the last read of the hi half but for P (which
       // warpgroup 1 releases), and after the item's last block, of the query.
       release(b, kHi);
@@ -172,10 +173,8 @@ struct RolesConsumer : Consumer<kWg, true> {
       std::uint32_t a[4][4];
       mma::a_fragments_from_accumulator(s, a);
       mma::fence_operands(o);
-      if (live) {  // else P = 0
-        mma::fence();
-        issue_pv_registers(a, b);
-      }
+      mma::fence();  // also for a block that does not exist (P = 0, see process_pv)
+      issue_pv_registers(a, b);
       mma::commit();
       if (i + 1 < n) {
         // The next block's lo half was refilled while block i - 1 ran; its
