@@ -177,15 +177,16 @@ struct RolesConsumer : Consumer<kWg, true> {
       issue_pv_registers(a, b);
       mma::commit();
       if (i + 1 < n) {
-        // The next block's lo half was refilled while block i - 1 ran; its
-        // hi half needs warpgroup 1 done with block i - 1 as well.
+        // Buffer b ^ 1 was freed at the end of block i - 1 (its hi half
+        // once warpgroup 1 was done with it too) and refilled while block i
+        // ran: with the producer keeping up, these waits return at once.
         const bool live_next = i + 1 < item.blocks;
         const int ph_next = phase(round, i + 1);
         issue_s(b ^ 1, ph_next, kLo, live_next);
         mma::commit();
         mma::wait<1>();  // P_i V_i
         mma::fence_operands(a);
-        release(b, kLo);  // before the next wait: the producer refills b lo next but one
+        release(b, kLo);  // before the hi wait: the producer refills b ^ 1 hi, then b lo
         issue_s(b ^ 1, ph_next, kHi, live_next);
         mma::commit();
         mma::wait<0>();
