@@ -33,6 +33,13 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
   return best;
 }
 
+bool plan_sparse_pairing(CacheFormat format, int num_heads, int override_pairing) {
+  const int head_blocks = (num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem;
+  const bool possible = format != CacheFormat::bf16 && num_heads > 0 && head_blocks % 2 == 0;
+  if (!possible || override_pairing == 0) return false;
+  return override_pairing == 1 || format == CacheFormat::fp8_ds_mla;
+}
+
 std::size_t sparse_split_lse_bytes(const SparseSplit& split, int num_tokens, int num_heads) {
   return align_up(static_cast<std::size_t>(split.num_splits) * num_tokens * num_heads * sizeof(float));
 }

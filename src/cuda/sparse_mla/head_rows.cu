@@ -8,10 +8,25 @@
 #include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/head_rows_kernel.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
+#include "plan/sparse_split.hpp"
 
 namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
+
+// DSMLA_SPARSE_PAIRED in the environment (read once): unset follows the host
+// rule (plan_sparse_pairing), 0 never pairs, 1 pairs every fp8 cache whose head
+// blocks allow it (for measuring one against the other).
+int pairing_override() {
+  static const int value = [] {
+    const char* env = std::getenv("DSMLA_SPARSE_PAIRED");
+    if (env == nullptr || *env == '\0') return -1;
+    const std::string text(env);
+    if (text == "0" || text == "1") return text == "1" ? 1 : 0;
+    throw Error("DSMLA_SPARSE_PAIRED='" + text + "' (expected 0, 1 or unset)");
+  }();
+  return value;
+}
 
 template <CacheFormat F, bool kPaired>
 void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
@@ -36,15 +51,17 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
     config.attrs = &cluster;
     config.numAttrs = 1;
     // Clusters of two that fit at once (one CTA per multiprocessor; the GPCs
-    // decide how many pairs there are), printed once per device.
+    // decide how many pairs there are), once per device; printed when the
+    // pairing was set by hand (DSMLA_SPARSE_PAIRED), to be read with a measurement.
     const std::int64_t pairs = once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
       cudaLaunchConfig_t probe = config;
       probe.gridDim = dim3(2);
       int clusters = 0;
       check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe), "cudaOccupancyMaxActiveClusters");
       if (clusters <= 0) throw Error("sparse MLA kernel: no cluster of two CTAs fits on this device");
-      std::fprintf(stderr, "dsmla: paired sparse MLA kernel (format %d): %d clusters of two resident, %lld SMs\n",
-                   static_cast<int>(F), clusters, static_cast<long long>(sm_count));
+      if (pairing_override() != -1)
+        std::fprintf(stderr, "dsmla: paired sparse MLA kernel (format %d): %d clusters of two resident, %lld SMs\n",
+                     static_cast<int>(F), clusters, static_cast<long long>(sm_count));
       return clusters;
     });
     config.gridDim = dim3(static_cast<unsigned>(2 * std::min(items / 2, std::min(pairs, sm_count / 2))));
@@ -53,22 +70,9 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   check_cuda(cudaLaunchKernelEx(&config, kernel, kernel_args), "sparse MLA kernel launch");
 }
 
-// Paired CTAs share each key block's dequantisation (head_rows_layout.cuh)
-// for fp8 caches whose tokens have an even number of 64-head blocks. Opt-in,
-// with DSMLA_SPARSE_PAIRED=1 in the environment (read once): measured against
-// the unpaired kernel in one call it was 10 % slower on fp8_ds_mla prefill
-// (H 128, S 1024) and 2 % slower on decode (sparse_mla/NOTES.md, v14).
-bool paired_requested() {
-  static const bool requested = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_PAIRED");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return requested;
-}
-
 template <CacheFormat F>
 void launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
-  if (paired_requested() && head_rows::head_blocks(args.p.num_heads) % 2 == 0) return launch<F, true>(args, items, stream);
+  if (plan_sparse_pairing(F, args.p.num_heads, pairing_override())) return launch<F, true>(args, items, stream);
   launch<F, false>(args, items, stream);
 }
 

@@ -359,6 +359,7 @@ int main(int argc, char** argv) {
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 16, 8192, 2048, 65.4));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 128, 8192, 2048, 212.6));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, 64, 8192, 2048, 100.4));
+    for (int batch : {1, 16, 128}) cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, batch, 8192, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 1, 8192, 2048, 47.5));
     cases.push_back(decode_case(CacheFormat::bf16, 128, 64, 8192, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8, 128, 64, 8192, 2048, 0));
