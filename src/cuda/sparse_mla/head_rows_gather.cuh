@@ -10,7 +10,7 @@
 //                          issue the next half's loads of unit j (load_unit).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
 // The paired fp8 gather (KeyGather<F, true>) has its own staging and calls:
-// load<slot>(w, slots, half) and store<slot, b, half>(w, slots, smem, full, next).
+// load<half>(w, slots) and store<b, half>(w, slots, smem, full, next).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -218,8 +218,7 @@ struct KeyGather {
 // (0 lo, 0 hi, 1 lo, 1 hi); once a slot is converted it issues, into the same
 // registers, the loads of the same half of the next block (two gathers
 // ahead), so at every empty wait the loads of this half and of the next one
-// are in flight, a block's worth. The register slot and the key buffer are
-// separate template arguments.
+// are in flight, a block's worth.
 template <CacheFormat F>
 struct KeyGather<F, true> {
   static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
@@ -240,8 +239,8 @@ struct KeyGather<F, true> {
 
   unsigned t;  // producer thread, 0..127
   Peer peer;
-  uint4 raw[2][kLoads];  // [slot]: one half of the own row (slot kLo: raw[kLo][kLoBlocks] unused)
-  float2 scale[2];       // [slot]: fp8_ds_mla the half's two tile scales; fp8 k_scale
+  uint4 raw[2][kLoads];  // [half]: that half of the own row (raw[kLo][kLoBlocks] unused)
+  float2 scale[2];       // [half]: fp8_ds_mla the half's two tile scales; fp8 k_scale
 
   __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
@@ -252,16 +251,16 @@ struct KeyGather<F, true> {
   }
 
   // The loads of half `half` of the own row of the block whose slots are
-  // `slots`, into register slot `slot`.
-  template <int slot>
-  __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int half) {
-    load_half_row<F>(w, own_slot(slots), half, static_cast<int>(t % kThreadsPerRow), raw[slot], scale[slot]);
+  // `slots`, into register slot `half`.
+  template <int half>
+  __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread]) {
+    load_half_row<F>(w, own_slot(slots), half, static_cast<int>(t % kThreadsPerRow), raw[half], scale[half]);
   }
 
-  // Half `half` of key buffer b from register slot `slot`; then next() (once
+  // Half `half` of key buffer b from register slot `half`; then next() (once
   // the slot's registers are free: it issues the next loads into them), the
   // fence, and the arrival on `full` (thread 0 with the peer's bytes).
-  template <int slot, int b, int half, class Next>
+  template <int b, int half, class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread],
                                         std::uint8_t* smem, pl::Mbarrier* full, Next&& next) {
     const int q = static_cast<int>(t % kThreadsPerRow);
@@ -281,13 +280,13 @@ struct KeyGather<F, true> {
     for (int k = 0; k < kLoBlocks; ++k) {
       const int block = first_block(half) + k;  // blocks 0, 1 of the half share scale.x
       uint4 lo, hi;
-      e4m3x16_to_bf16(raw[slot][k], k < 2 ? scale[slot].x : scale[slot].y, lo, hi);
+      e4m3x16_to_bf16(raw[half][k], k < 2 ? scale[half].x : scale[half].y, lo, hi);
       put(8 * block + 2 * q, lo);
       put(8 * block + 2 * q + 1, hi);
     }
     if constexpr (!kDsMla && half == kHi) {
       uint4 lo, hi;
-      e4m3x16_to_bf16(raw[slot][kLoBlocks], scale[slot].x, lo, hi);
+      e4m3x16_to_bf16(raw[half][kLoBlocks], scale[half].x, lo, hi);
       put(rope + 2 * q, lo);
       put(rope + 2 * q + 1, hi);
     }

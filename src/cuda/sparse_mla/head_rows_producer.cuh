@@ -104,15 +104,15 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // at the end of the item before (`primed`). The valid flags of both
       // buffers go with the lo half, the one S waits for first.
       if (!primed) {
-        keys.template load<kLo>(w, slots[0], kLo);
-        keys.template load<kHi>(w, slots[0], kHi);
+        keys.template load<kLo>(w, slots[0]);
+        keys.template load<kHi>(w, slots[0]);
       }
       std::int32_t ahead[2][kRowsPerThread];
       // b and half as template arguments: every loop bound and offset is
       // static. `next` issues the chained loads (or nothing).
       auto gather = [&]<int b, int half>(auto&& next) {
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-        keys.template store<half, b, half>(w, slots[b], smem, bars.full(b, half), next);
+        keys.template store<b, half>(w, slots[b], smem, bars.full(b, half), next);
         if constexpr (half == kLo) write_flags.template operator()<b>();
       };
       for (int r = 0; r < w.rounds; ++r, ++round) {
@@ -123,10 +123,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
             for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
         }
-        gather.template operator()<0, kLo>([&] { keys.template load<kLo>(w, slots[1], kLo); });
-        gather.template operator()<0, kHi>([&] { keys.template load<kHi>(w, slots[1], kHi); });
-        gather.template operator()<1, kLo>([&] { if (more) keys.template load<kLo>(w, ahead[0], kLo); });
-        gather.template operator()<1, kHi>([&] { if (more) keys.template load<kHi>(w, ahead[0], kHi); });
+        gather.template operator()<0, kLo>([&] { keys.template load<kLo>(w, slots[1]); });
+        gather.template operator()<0, kHi>([&] { keys.template load<kHi>(w, slots[1]); });
+        gather.template operator()<1, kLo>([&] { if (more) keys.template load<kLo>(w, ahead[0]); });
+        gather.template operator()<1, kHi>([&] { if (more) keys.template load<kHi>(w, ahead[0]); });
         if (more) {
 #pragma unroll
           for (int b = 0; b < 2; ++b)
@@ -138,8 +138,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
           const WorkItem w_next = next_item_slots(pos_ahead, count_ahead);
           const bool any_next = pos_ahead < sched.count;
           if (any_next) {
-            keys.template load<kLo>(w_next, slots[0], kLo);
-            keys.template load<kHi>(w_next, slots[0], kHi);
+            keys.template load<kLo>(w_next, slots[0]);
+            keys.template load<kHi>(w_next, slots[0]);
           }
           primed = any_next;
         }
