@@ -33,11 +33,9 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
   return best;
 }
 
-bool plan_sparse_pairing(CacheFormat format, int num_heads, int override_pairing) {
+bool plan_sparse_pairing(CacheFormat format, int num_heads) {
   const int head_blocks = (num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem;
-  const bool possible = format != CacheFormat::bf16 && num_heads > 0 && head_blocks % 2 == 0;
-  if (!possible || override_pairing == 0) return false;
-  return override_pairing == 1 || format == CacheFormat::fp8_ds_mla;
+  return format != CacheFormat::bf16 && num_heads > 0 && head_blocks % 2 == 0;
 }
 
 std::size_t sparse_split_lse_bytes(const SparseSplit& split, int num_tokens, int num_heads) {

@@ -36,14 +36,14 @@ std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_token
 
 // Whether the kernel runs in clusters of two CTAs that take the two head blocks
 // of one (token, split) together and share each key block's dequantisation
-// (src/cuda/sparse_mla/head_rows_layout.cuh). It needs an fp8 cache and an even
-// number of head blocks (H 128, 256); by default only fp8_ds_mla pairs: on the
-// H200 paired decode ran 8 % faster at batch 64 and 128 (H 128) and plain fp8
-// 2 % slower (sparse_mla/NOTES.md, v17). Prefills of fp8 caches that gather
-// each row several times are staged as bf16 (plan/latent_staging.hpp), so what
-// runs this kernel on an fp8 cache is decode-like.
-// `override_pairing`: -1 follows that rule, 0 never pairs, 1 pairs every fp8
-// cache whose head blocks allow it (DSMLA_SPARSE_PAIRED, read by the launcher).
-bool plan_sparse_pairing(CacheFormat format, int num_heads, int override_pairing = -1);
+// (src/cuda/sparse_mla/head_rows_layout.cuh): every fp8 cache with an even
+// number of head blocks (H 128, 256). On the H200, with the paired consumer
+// roles (sparse_mla/NOTES.md, v18), paired decode at H 128 ran 11-13 % faster
+// than unpaired at batch 64 and 128 for fp8_ds_mla and 10 % for plain fp8
+// at batch 64. Prefills of fp8 caches that gather each row several times are
+// staged as bf16 (plan/latent_staging.hpp), so what runs this kernel on an fp8
+// cache is decode-like. DSMLA_SPARSE_PAIRED=0 in the environment turns it off
+// (read by the launcher, src/cuda/sparse_mla/head_rows.cu).
+bool plan_sparse_pairing(CacheFormat format, int num_heads);
 
 }  // namespace dsmla

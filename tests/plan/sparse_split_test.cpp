@@ -90,27 +90,19 @@ TEST(SparseSplit, WorkspaceOnlyWhenSplit) {
   EXPECT_EQ(sparse_split_workspace_bytes(four, 3, 128), lse + 4u * 3 * 128 * 512 * sizeof(float));
 }
 
-TEST(SparsePairing, Fp8DsMlaPairsAnEvenNumberOfHeadBlocksByDefault) {
-  EXPECT_TRUE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, 128));
-  EXPECT_TRUE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, 256));
-  EXPECT_TRUE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, 112));  // two blocks, the last one partial
-  for (int heads : {16, 32, 64, 192, 0, -128}) {
-    SCOPED_TRACE(testing::Message() << "heads " << heads);
-    EXPECT_FALSE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, heads));
+TEST(SparsePairing, Fp8CachesPairAnEvenNumberOfHeadBlocks) {
+  for (CacheFormat format : {CacheFormat::fp8_ds_mla, CacheFormat::fp8}) {
+    SCOPED_TRACE(testing::Message() << "format " << static_cast<int>(format));
+    EXPECT_TRUE(plan_sparse_pairing(format, 128));
+    EXPECT_TRUE(plan_sparse_pairing(format, 256));
+    EXPECT_TRUE(plan_sparse_pairing(format, 112));  // two blocks, the last one partial
+    for (int heads : {16, 32, 64, 192, 0, -128}) {
+      SCOPED_TRACE(testing::Message() << "heads " << heads);
+      EXPECT_FALSE(plan_sparse_pairing(format, heads));
+    }
   }
-  // Measured slower paired (plain fp8) or never paired (bf16 needs no dequantisation).
-  EXPECT_FALSE(plan_sparse_pairing(CacheFormat::fp8, 128));
+  // bf16 needs no dequantisation to share.
   EXPECT_FALSE(plan_sparse_pairing(CacheFormat::bf16, 128));
-}
-
-TEST(SparsePairing, OverrideForcesEitherWayWhereTheKernelAllowsIt) {
-  EXPECT_FALSE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, 128, 0));
-  EXPECT_TRUE(plan_sparse_pairing(CacheFormat::fp8, 128, 1));
-  EXPECT_TRUE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, 128, 1));
-  // Never where the paired kernel cannot run, whatever the override says.
-  EXPECT_FALSE(plan_sparse_pairing(CacheFormat::bf16, 128, 1));
-  EXPECT_FALSE(plan_sparse_pairing(CacheFormat::fp8_ds_mla, 64, 1));
-  EXPECT_FALSE(plan_sparse_pairing(CacheFormat::fp8, 192, 1));
 }
 
 }  // namespace

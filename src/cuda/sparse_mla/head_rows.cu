@@ -14,10 +14,10 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
 
-// DSMLA_SPARSE_PAIRED in the environment (read once): unset follows the host
-// rule (plan_sparse_pairing), 0 never pairs, 1 pairs every fp8 cache whose head
-// blocks allow it (for measuring one against the other).
-int pairing_override() {
+// DSMLA_SPARSE_PAIRED in the environment (read once): unset or 1 follows the
+// host rule (plan_sparse_pairing), 0 never pairs (to measure one against the
+// other); -1 when unset.
+int pairing_setting() {
   static const int value = [] {
     const char* env = std::getenv("DSMLA_SPARSE_PAIRED");
     if (env == nullptr || *env == '\0') return -1;
@@ -59,7 +59,7 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
       int clusters = 0;
       check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe), "cudaOccupancyMaxActiveClusters");
       if (clusters <= 0) throw Error("sparse MLA kernel: no cluster of two CTAs fits on this device");
-      if (pairing_override() != -1)
+      if (pairing_setting() != -1)
         std::fprintf(stderr, "dsmla: paired sparse MLA kernel (format %d): %d clusters of two resident, %lld SMs\n",
                      static_cast<int>(F), clusters, static_cast<long long>(sm_count));
       return clusters;
@@ -72,7 +72,7 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
 
 template <CacheFormat F>
 void launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
-  if (plan_sparse_pairing(F, args.p.num_heads, pairing_override())) return launch<F, true>(args, items, stream);
+  if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
   launch<F, false>(args, items, stream);
 }
 
