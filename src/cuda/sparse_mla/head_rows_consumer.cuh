@@ -64,29 +64,35 @@ struct Consumer {
   // all invalid), and the products that read it are skipped.
   __device__ bool second_block(int r) const { return 2 * r + 1 < item.blocks; }
 
-  // Issues the S k-steps of one half of the own buffer (after it has landed);
-  // none when the buffer holds no block (S is then fully masked).
-  __device__ __forceinline__ void issue_s_half(int round, int half, bool live) {
-    pl::wait(bars.full(kWg, half), round & 1);
+  // Waits for one half of key buffer `buffer` (barrier parity `ph`) and issues
+  // its S k-steps, the half read `first` starting the accumulator; none when
+  // the buffer holds no block (S is then fully masked).
+  __device__ __forceinline__ void issue_s(int buffer, int ph, int half, int first, bool live) {
+    pl::wait(bars.full(buffer, half), ph);
     if (!live) return;
-    pl::fence_smem_for_mma();  // the bf16 producer's cp.async writes (generic proxy), read by wgmma
+    pl::fence_smem_for_mma();  // cp.async writes (bf16 keys, fp8_ds_mla's rope: generic proxy), read by wgmma
     mma::fence();
     const std::uint32_t q = s_base + kSmemQ;
-    const std::uint32_t k = s_base + kSmemK + kWg * kTileBytes;
+    const std::uint32_t k = s_base + kSmemK + buffer * kTileBytes;
     const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
     const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
 #pragma unroll
     for (int ks = ks0; ks < ks1; ++ks) {
       const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
       mma::mma_ss<mma::SS_64x64_KK>(mma::desc_k_major(q + off), mma::desc_k_major(k + off), s,
-                                    !(half == kFirst && ks == ks0));
+                                    !(half == first && ks == ks0));
     }
   }
+  // The own buffer's half in round `round`.
+  __device__ __forceinline__ void issue_s_half(int round, int half, bool live) {
+    issue_s(kWg, round & 1, half, kFirst, live);
+  }
 
-  // Bit 2 nt + e: key 8 nt + 2 tq + e of the own buffer is valid (flags of the producer).
-  __device__ __forceinline__ std::uint32_t valid_keys(int round) const {
-    pl::wait(bars.valid(kWg), round & 1);
-    const std::uint8_t* flags = smem + kSmemValid + kWg * kBlockKeys + 2 * tq;
+  // Bit 2 nt + e: key 8 nt + 2 tq + e of key buffer `buffer` is valid (flags
+  // of the producer; barrier parity `ph`).
+  __device__ __forceinline__ std::uint32_t valid_keys(int buffer, int ph) const {
+    pl::wait(bars.valid(buffer), ph);
+    const std::uint8_t* flags = smem + kSmemValid + buffer * kBlockKeys + 2 * tq;
     std::uint32_t mask = 0;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -95,6 +101,8 @@ struct Consumer {
     }
     return mask;
   }
+  // The own buffer's flags in round `round`.
+  __device__ __forceinline__ std::uint32_t valid_keys(int round) const { return valid_keys(kWg, round & 1); }
 
   // Masks and scales S into the log2 domain; returns this thread's row maxima.
   __device__ __forceinline__ void mask_scale(std::uint32_t valid, float scale_log2, float (&mx)[2]) {

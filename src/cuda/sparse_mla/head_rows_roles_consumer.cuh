@@ -57,7 +57,7 @@ template <int kWg>
 struct RolesConsumer : Consumer<kWg, true> {
   using Base = Consumer<kWg, true>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
-  using Base::row, Base::release, Base::mask_scale, Base::rescale_o, Base::softmax_to, Base::store_p,
+  using Base::row, Base::release, Base::issue_s, Base::valid_keys, Base::mask_scale, Base::rescale_o, Base::softmax_to, Base::store_p,
       Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
 
   __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm) : Base(b, sm) {}
@@ -92,38 +92,6 @@ struct RolesConsumer : Consumer<kWg, true> {
 
   // ---- warpgroup 0
 
-  // Waits for half `half` of buffer b and issues its S k-steps (none when
-  // the block does not exist: S is then fully masked by the flags).
-  __device__ __forceinline__ void issue_s(int buffer, int ph, int half, bool live) {
-    pl::wait(bars.full(buffer, half), ph);
-    if (!live) return;
-    pl::fence_smem_for_mma();  // the fp8_ds_mla rope's cp.async writes (generic proxy), read by wgmma
-    mma::fence();
-    const std::uint32_t q = s_base + kSmemQ;
-    const std::uint32_t k = s_base + kSmemK + buffer * kTileBytes;
-    const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
-    const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
-#pragma unroll
-    for (int ks = ks0; ks < ks1; ++ks) {
-      const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
-      mma::mma_ss<mma::SS_64x64_KK>(mma::desc_k_major(q + off), mma::desc_k_major(k + off), s,
-                                    !(half == kLo && ks == 0));
-    }
-  }
-
-  // Bit 2 nt + e: key 8 nt + 2 tq + e of buffer b is valid (flags of the producer).
-  __device__ __forceinline__ std::uint32_t valid_keys(int buffer, int ph) const {
-    pl::wait(bars.valid(buffer), ph);
-    const std::uint8_t* flags = smem + kSmemValid + buffer * kBlockKeys + 2 * tq;
-    std::uint32_t mask = 0;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const std::uint16_t two = *reinterpret_cast<const std::uint16_t*>(flags + 8 * nt);
-      mask |= static_cast<std::uint32_t>((two & 0xff) | ((two >> 7) & 2)) << (2 * nt);
-    }
-    return mask;
-  }
-
   // Blocks 0 .. 2 rounds - 1 of the item. With an odd block count the last
   // one does not exist: the producer still zero-fills its buffer and marks
   // its keys invalid, so its barriers are waited for and released like any
@@ -137,8 +105,8 @@ struct RolesConsumer : Consumer<kWg, true> {
     pl::wait(bars.q_full(), q_uses & 1);
     pl::fence_smem_for_mma();
     ++q_uses;
-    issue_s(0, phase(round, 0), kLo, true);  // block 0 always exists
-    issue_s(0, phase(round, 0), kHi, true);
+    issue_s(0, phase(round, 0), kLo, kLo, true);  // block 0 always exists
+    issue_s(0, phase(round, 0), kHi, kLo, true);
     mma::commit();
     mma::wait<0>();
     mma::fence_operands(s);
@@ -182,12 +150,12 @@ struct RolesConsumer : Consumer<kWg, true> {
         // ran: with the producer keeping up, these waits return at once.
         const bool live_next = i + 1 < item.blocks;
         const int ph_next = phase(round, i + 1);
-        issue_s(b ^ 1, ph_next, kLo, live_next);
+        issue_s(b ^ 1, ph_next, kLo, kLo, live_next);
         mma::commit();
         mma::wait<1>();  // P_i V_i
         mma::fence_operands(a);
         release(b, kLo);  // before the hi wait: the producer refills b ^ 1 hi, then b lo
-        issue_s(b ^ 1, ph_next, kHi, live_next);
+        issue_s(b ^ 1, ph_next, kHi, kLo, live_next);
         mma::commit();
         mma::wait<0>();
         mma::fence_operands(s);
