@@ -16,9 +16,9 @@ namespace dsmla::cuda {
 // same kernel and device return the first result. Each call site keeps its
 // own cache (every lambda is its own Compute type, so its own instantiation
 // and its own static map): opt_in_shared_memory's entry for a kernel and
-// another question about the same kernel never collide. For launch properties that belong to the device's context and
-// stay fixed, so they are host work once, not on every launch; safe during
-// graph capture.
+// another question about the same kernel never collide. For launch
+// properties that belong to the device's context and stay fixed, so they are
+// host work once, not on every launch; safe during graph capture.
 template <class Compute>
 int once_per_kernel_and_device(const void* kernel, Compute&& compute) {
   int device = 0;

@@ -187,17 +187,30 @@ struct Consumer {
                                       o);
   }
 
-  // All items of this CTA; `round` and `q_uses` count on across items for the barrier phases.
-  __device__ __forceinline__ void run(const KernelArgs& args) {
+  // All items of this CTA: process_item(round, q_uses), then the epilogue.
+  // `round` and `q_uses` count on across items for the barrier phases.
+  template <class ProcessItem>
+  __device__ __forceinline__ void for_each_item(const KernelArgs& args, ProcessItem&& process_item) {
     int round = 0, q_uses = 0, items_done = 0;
     const Schedule<kPaired> sched(args);
     int count = sched.load_count(args, sched.start);
     for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
       item = sched.work(args, pos, count);
       count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
-      process(round, q_uses);
+      process_item(round, q_uses);
       epilogue(items_done & 1);
     }
+  }
+  __device__ __forceinline__ void run(const KernelArgs& args) {
+    for_each_item(args, [&](int& round, int& q_uses) { process(round, q_uses); });
+  }
+
+  // An item starts from a zero O and softmax state.
+  __device__ __forceinline__ void start_item() {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_part[0] = l_part[1] = 0.f;
   }
 
   // S = Q K_own^T for round r of the item: each half as soon as it has landed.
@@ -214,10 +227,7 @@ struct Consumer {
     const SparseMlaParams& p = *item.p;
     const float scale_log2 = p.softmax_scale * sm::kLog2e;
     float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2][64]
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    m_run[0] = m_run[1] = -INFINITY;
-    l_part[0] = l_part[1] = 0.f;
+    start_item();
     const int rounds = item.rounds;
     if (rounds == 0) return;
     pl::wait(bars.q_full(), q_uses & 1);

@@ -56,7 +56,6 @@ __device__ __forceinline__ void copy_ds_mla_rope(const WorkItem& w, const std::i
   pl::arrive_on_copies(full);
 }
 
-
 // The loads of one half of the key in cache slot `slot` (checked; an invalid
 // one gives zeros) for column quarter q: the 16 codes of each of the half's
 // four 64-dim blocks, fp8's 16 rope codes in the hi half (raw[kLoBlocks]),
@@ -83,7 +82,6 @@ __device__ __forceinline__ void load_half_row(const WorkItem& w, std::int32_t sl
     scale = s >= 0 ? make_float2(w.p->k_scale, w.p->k_scale) : make_float2(0.f, 0.f);
   }
 }
-
 
 // bf16: cp.async copies straight into the swizzled tile, nothing in registers.
 // Eight threads per key row, each copies one 16-byte chunk of every dim block.

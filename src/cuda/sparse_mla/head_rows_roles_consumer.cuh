@@ -69,25 +69,17 @@ struct RolesConsumer : Consumer<kWg, true> {
   __device__ pl::Mbarrier* p_ready(int buffer) const { return bars.max_ready(buffer); }
   __device__ float* alpha_pub(int buffer) const { return reinterpret_cast<float*>(smem + kSmemAlpha) + buffer * kRows; }
 
-  // All items of this CTA; `round` and `q_uses` count on across items for the barrier phases.
+  // All items of this CTA (Consumer::for_each_item). Warpgroup 1's row sums
+  // stay 0: warpgroup 0 has the whole row sums.
   __device__ __forceinline__ void run(const KernelArgs& args) {
-    int round = 0, q_uses = 0, items_done = 0;
-    const Schedule<true> sched(args);
-    int count = sched.load_count(args, sched.start);
-    for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
-      item = sched.work(args, pos, count);
-      count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
-#pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.f;
-      m_run[0] = m_run[1] = -INFINITY;
-      l_part[0] = l_part[1] = 0.f;  // warpgroup 1's stay 0: warpgroup 0 has the whole row sums
+    Base::for_each_item(args, [&](int& round, int& q_uses) {
+      Base::start_item();
       if (item.rounds > 0) {
         if constexpr (kWg == 0) process_s_softmax(round, q_uses);
         else process_pv(round);
         round += item.rounds;
       }
-      epilogue(items_done & 1);
-    }
+    });
   }
 
   // ---- warpgroup 0
