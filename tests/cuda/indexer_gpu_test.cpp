@@ -652,19 +652,27 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
   }
 }
 
-// wgmma_ws has two producers: the TMA one (block sizes 16, 32 and multiples of
-// 64) and the cp.async one (every block size that is a multiple of 4;
-// DSMLA_INDEXER_WS_TMA=0 forces it). Both put the same bytes into the stages for
-// every key with a cache row, so the logits must be identical bit for bit, on
-// short and long CTAs (ring wrap-around, several units a CTA).
-TEST(IndexerTopk, WgmmaWsTmaAndCopyProducersGiveIdenticalLogits) {
-  DSMLA_SKIP_WITHOUT_GPU();
+// The logit keys wgmma_ws writes for `dev` with environment switch `name` set to
+// `value` (positions no row owns stay 0x5a).
+std::vector<std::uint8_t> ws_logits_with(DeviceProblem& dev, const char* name, const char* value) {
+  EXPECT_EQ(setenv(name, value, 1), 0);
+  DSMLA_CUDA_CHECK(cudaMemset(dev.ws.data(), 0x5a, dev.ws.bytes()));
+  cuda::launch_indexer_logits_only(dev.params, IndexerLogitsKernel::wgmma_ws, nullptr);
+  DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  return dev.ws.download();
+}
+
+// Compares wgmma_ws's logits with `name` = "0" and = "1" bit for bit on every case
+// with a TMA block size (16, 32, multiples of 64), on short and long CTAs (ring
+// wrap-around, several units a CTA); returns how many (case, CTA length) pairs.
+int compare_ws_switch(const char* name, const char* what) {
   struct UnsetOnExit {
+    const char* name;
     ~UnsetOnExit() {
-      unsetenv("DSMLA_INDEXER_WS_TMA");
+      unsetenv(name);
       unsetenv("DSMLA_INDEXER_WS_TILES_PER_CTA");
     }
-  } unset_on_exit;
+  } unset_on_exit{name};
   int compared = 0;
   for (const TopkCase& c : topk_cases()) {
     const int bs = c.block_size;
@@ -672,21 +680,49 @@ TEST(IndexerTopk, WgmmaWsTmaAndCopyProducersGiveIdenticalLogits) {
     const TopkProblem pb = make_problem(c);
     DeviceProblem dev(c, pb);
     for (const char* tiles : {"4", "32"}) {
-      ASSERT_EQ(setenv("DSMLA_INDEXER_WS_TILES_PER_CTA", tiles, 1), 0);
-      std::vector<std::uint8_t> logits[2];
-      for (int tma = 0; tma < 2; ++tma) {
-        ASSERT_EQ(setenv("DSMLA_INDEXER_WS_TMA", tma ? "1" : "0", 1), 0);
-        DSMLA_CUDA_CHECK(cudaMemset(dev.ws.data(), 0x5a, dev.ws.bytes()));  // positions no row owns stay 0x5a
-        cuda::launch_indexer_logits_only(dev.params, IndexerLogitsKernel::wgmma_ws, nullptr);
-        DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
-        logits[tma] = dev.ws.download();
-      }
-      ASSERT_TRUE(logits[0] == logits[1]) << c.name << ", tiles per CTA " << tiles
-                                          << ": the TMA and cp.async producers' logits differ";
+      EXPECT_EQ(setenv("DSMLA_INDEXER_WS_TILES_PER_CTA", tiles, 1), 0);
+      const std::vector<std::uint8_t> off = ws_logits_with(dev, name, "0");
+      const std::vector<std::uint8_t> on = ws_logits_with(dev, name, "1");
+      EXPECT_TRUE(off == on) << c.name << ", tiles per CTA " << tiles << ": " << what << " differ";
       ++compared;
     }
   }
-  EXPECT_GE(compared, 8) << "too few cases with a TMA block size";
+  return compared;
+}
+
+// wgmma_ws has two producers: the TMA one (block sizes 16, 32 and multiples of
+// 64) and the cp.async one (every block size that is a multiple of 4;
+// DSMLA_INDEXER_WS_TMA=0 forces it). Both put the same bytes into the stages for
+// every key with a cache row, so the logits must be identical bit for bit.
+TEST(IndexerTopk, WgmmaWsTmaAndCopyProducersGiveIdenticalLogits) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  EXPECT_GE(compare_ws_switch("DSMLA_INDEXER_WS_TMA", "the TMA and cp.async producers' logits"), 8)
+      << "too few cases with a TMA block size";
+}
+
+// DSMLA_INDEXER_WS_REGS=1 holds the weights in registers instead of reading them
+// from shared memory (with the TMA producer): the same products summed in the
+// same order, so the logits must be identical bit for bit.
+TEST(IndexerTopk, WgmmaWsRegisterWeightsGiveIdenticalLogits) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  EXPECT_GE(compare_ws_switch("DSMLA_INDEXER_WS_REGS", "the register and shared-memory weights' logits"), 8)
+      << "too few cases with a TMA block size";
+}
+
+// ... and its selections match the reference on the cases with long rows, prefill
+// runs (quads), mixed rows and block size 32 (two pieces a tile).
+TEST(IndexerTopk, WgmmaWsRegisterWeightsMatchReference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  struct UnsetOnExit {
+    ~UnsetOnExit() { unsetenv("DSMLA_INDEXER_WS_REGS"); }
+  } unset_on_exit;
+  ASSERT_EQ(setenv("DSMLA_INDEXER_WS_REGS", "1", 1), 0);
+  for (const TopkCase& c : topk_cases())
+    if (c.name == "h64_b128_large" || c.name == "h64_b64_prefill" || c.name == "h64_b64_mixed" ||
+        c.name == "h64_b32_decode") {
+      SCOPED_TRACE(c.name + " with the weights in registers");
+      check_case(c, IndexerLogitsKernel::wgmma_ws);
+    }
 }
 
 // Whatever the launcher would choose for a case, one CTA per row and clusters

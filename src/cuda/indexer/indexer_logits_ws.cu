@@ -42,6 +42,13 @@
 //
 // Exactness: as the wgmma kernel (FP8 MMA accumulation of reduced precision;
 // tolerance 5e-4 of the sum of |terms| in the tests).
+//
+// Weights in registers (kRegWeights, with the TMA producer only; NOTES.md v6):
+// the producer becomes a whole warpgroup (warps 5-7 only wait) so that
+// setmaxnreg can move its registers to the consumers, which then hold their
+// units' weights in registers instead of reading 16 x 16 bytes of shared memory
+// per thread and tile (a third of the CTA's shared-memory traffic). Same
+// products summed in the same order: the same logits bit for bit.
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -63,9 +70,20 @@ namespace {
 namespace pl = pipeline;
 
 constexpr int kConsumerThreads = 128;  // one warpgroup
-constexpr int kProducerThreads = 32;   // one warp
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kProducerThreads = 32;   // the producing warp (warp 4)
 constexpr int kCtasPerSm = 2;
+// Threads of a CTA: the producer warp alone, or (kRegWeights) its whole warpgroup:
+// setmaxnreg works per warpgroup.
+template <bool kRegWeights>
+constexpr int kThreads = kConsumerThreads + (kRegWeights ? 128 : kProducerThreads);
+// Registers with kRegWeights: the launch gives each of the 2 x 256 threads of an
+// SM 128; the producer warpgroup keeps 48 and the consumers take 208, enough for
+// a quad's two 64-float accumulators and its 64 weights.
+constexpr int kConsumerRegs = 208;
+constexpr int kProducerRegs = 48;
+static_assert(kConsumerThreads * kConsumerRegs + 128 * kProducerRegs <=
+                  kThreads<true> * pl::register_pool_per_thread(kCtasPerSm * kThreads<true>),
+              "the registers the launch gives a CTA");
 constexpr int kTileKeys = 64;
 constexpr int kRowBytes = kHeadDim;                // one key / head: one 128-byte swizzle row
 constexpr int kTileBytes = kTileKeys * kRowBytes;  // 8192
@@ -385,15 +403,29 @@ __device__ __forceinline__ void release(Smem& s, int stage, const Lane&) { pl::a
 
 // sum_{heads of the thread} w relu(S) for the thread's two keys (h = 0: key 16 warp + lane/4,
 // h = 1: + 8) of one row: columns 8 jj + 2 q + f of the accumulator block starting at j0.
-template <int kN>
-__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const float* w16, float& s0,
+// The weights are four float4 words: read from shared memory (a row of Smem::w) or
+// held in registers (RegWeights), the same values in the same order either way.
+struct RegWeights {
+  float4 v[4];
+};
+__device__ __forceinline__ float4 weight_word(const float* w16, int i) { return reinterpret_cast<const float4*>(w16)[i]; }
+__device__ __forceinline__ float4 weight_word(const RegWeights& w, int i) { return w.v[i]; }
+
+__device__ __forceinline__ RegWeights load_weights(const Smem& s, int row, int q) {
+  RegWeights w;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w.v[i] = weight_word(&s.w[row][q][0], i);
+  return w;
+}
+
+template <int kN, class Weights>
+__device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, const Weights& w16, float& s0,
                                          float& s1) {
-  const float4* wv4 = reinterpret_cast<const float4*>(w16);
   s0 = 0.f;
   s1 = 0.f;
 #pragma unroll
   for (int jq = 0; jq < 4; ++jq) {
-    const float4 wv = wv4[jq];
+    const float4 wv = weight_word(w16, jq);
     const float wt[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int jh = 0; jh < 2; ++jh) {
@@ -412,20 +444,24 @@ __device__ __forceinline__ void row_sums(const float (&acc)[kN / 2], int j0, con
 // epilogue of one task: head sums, reduce-scatter, one key write per lane.
 // Rows first (kN = 64) or first, first + 1 (kN = 128); the lane's value is that of
 // row first + b2 (kN = 128), or a duplicate on lanes with b2 (kN = 64, not stored).
-template <int kN>
+// Weights: rows first and first + 1 (the pair's second row; first again for kN = 64)
+// from shared memory, or (kRegWeights) w[0], w[1] from registers.
+template <int kN, bool kRegWeights>
 __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int stage, bool release_stage, int base,
-                                       int first, const Lane& L) {
+                                       int first, const RegWeights (&w)[2], const Lane& L) {
   const int key = L.key();
-  const float* w16 = &s.w[first][L.q][0];
-  const float* w16_next = &s.w[kN == 128 ? first + 1 : first][L.q][0];  // the pair's second row
+  const auto weights = [&](int i) {
+    if constexpr (kRegWeights) return w[i];
+    else return static_cast<const float*>(&s.w[kN == 128 ? first + i : first][L.q][0]);
+  };
   const float scale = s.scale[stage][key];
   const bool valid = ((s.valid[stage][key >> 5] >> (key & 31)) & 1u) != 0;
   if (release_stage) release(s, stage, L);
   float mine;
   if constexpr (kN == 128) {
     float s00, s10, s01, s11;  // s<key h><row i>
-    row_sums<kN>(acc, 0, w16, s00, s10);
-    row_sums<kN>(acc, 8, w16_next, s01, s11);
+    row_sums<kN>(acc, 0, weights(0), s00, s10);
+    row_sums<kN>(acc, 8, weights(1), s01, s11);
     // Step 1 (xor 1): keep key h == b1 of both rows. Step 2 (xor 2): keep row i == b2.
     float keep0 = L.b1 ? s10 : s00, send0 = L.b1 ? s00 : s10;
     float keep1 = L.b1 ? s11 : s01, send1 = L.b1 ? s01 : s11;
@@ -435,7 +471,7 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
     mine += __shfl_xor_sync(0xffffffffu, L.b2 ? keep0 : keep1, 2);
   } else {
     float s0, s1;
-    row_sums<kN>(acc, 0, w16, s0, s1);
+    row_sums<kN>(acc, 0, weights(0), s0, s1);
     mine = L.b1 ? s1 : s0;
     mine += __shfl_xor_sync(0xffffffffu, L.b1 ? s0 : s1, 1);
     mine += __shfl_xor_sync(0xffffffffu, mine, 2);
@@ -467,9 +503,14 @@ __device__ __forceinline__ void wait_full(ConsumerCtx<kTma>& c, int it) {
 // other CTA's MMAs. With an odd count, the last step computes its tile twice
 // (b's copy is dropped): the same wgmma sequence on every path, which ptxas
 // needs to keep the MMAs asynchronous (a conditional issue serialises them).
-template <int kN, bool kTma>
+template <int kN, bool kTma, bool kRegWeights>
 __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
   float a[kN / 2], b[kN / 2];
+  RegWeights w[2];
+  if constexpr (kRegWeights) {
+    w[0] = load_weights(c.s, u.first, c.L.q);
+    w[1] = load_weights(c.s, kN == 128 ? u.first + 1 : u.first, c.L.q);
+  }
   const std::uint32_t q = c.q_addr + u.first * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
@@ -482,10 +523,10 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u
     issue_logits_mma<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
-    finish<kN>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, c.L);
+    finish<kN, kRegWeights>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, w, c.L);
     wgmma::wait<0>();
     wgmma::fence_operands(b);
-    if (two) finish<kN>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, c.L);
+    if (two) finish<kN, kRegWeights>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, w, c.L);
     else release(c.s, stage_of(i0), c.L);
   }
   it += n;
@@ -494,9 +535,17 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u
 // The quad: per tile, pair 0 -> a, pair 1 -> b; b's MMAs run under a's epilogue,
 // b's epilogue under the other CTA's MMAs (a pipeline carried across iterations,
 // b's epilogue under the next tile's a, makes ptxas serialise the MMAs: C7514).
-template <bool kTma>
+template <bool kTma, bool kRegWeights>
 __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u, int& it) {
   float a[64], b[64];
+  RegWeights w01[2], w23[2];  // pair 0's rows, pair 1's
+  if constexpr (kRegWeights) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w01[r] = load_weights(c.s, r, c.L.q);
+      w23[r] = load_weights(c.s, 2 + r, c.L.q);
+    }
+  }
   const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
@@ -507,15 +556,15 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u
     issue_logits_mma<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
-    finish<128>(c.s, a, stage_of(i), false, base, 0, c.L);
+    finish<128, kRegWeights>(c.s, a, stage_of(i), false, base, 0, w01, c.L);
     wgmma::wait<0>();
     wgmma::fence_operands(b);
-    finish<128>(c.s, b, stage_of(i), true, base, 2, c.L);
+    finish<128, kRegWeights>(c.s, b, stage_of(i), true, base, 2, w23, c.L);
   }
   it += n;
 }
 
-template <bool kTma>
+template <bool kTma, bool kRegWeights>
 __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w, const IndexerRow (&rows)[kRows]) {
   const int tid = threadIdx.x;
   const int heads = p.num_heads;
@@ -555,16 +604,18 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   for (int r = 0; r < kRows; ++r) {
     Unit u;
     if (!unit_at(w, r, u)) continue;
-    if (u.count == 4) consume_quad(c, u, it);
-    else if (u.count == 2) consume_unit<128, kTma>(c, u, it);
-    else consume_unit<64, kTma>(c, u, it);
+    if (u.count == 4) consume_quad<kTma, kRegWeights>(c, u, it);
+    else if (u.count == 2) consume_unit<128, kTma, kRegWeights>(c, u, it);
+    else consume_unit<64, kTma, kRegWeights>(c, u, it);
   }
 }
 
 // kTma: the TMA producer (produce_tma, `codes` its tensor map of the cache's
-// codes), else the cp.async producer (`codes` unused).
-template <bool kTma>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+// codes), else the cp.async producer (`codes` unused). kRegWeights: the weights
+// in the consumers' registers (with the TMA producer only: the copy producer
+// needs more than kProducerRegs).
+template <bool kTma, bool kRegWeights>
+__global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
     logits_ws_kernel(IndexerTopkParams p, int row_begin, int row_count, int stride, std::uint32_t* keys,
                      int tiles_per_cta, int chunks, const __grid_constant__ CUtensorMap codes) {
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -615,11 +666,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   __syncthreads();
 
+  static_assert(kTma || !kRegWeights, "the copy producer does not fit kProducerRegs");
   if (threadIdx.x >= kConsumerThreads) {
-    if constexpr (kTma) produce_tma(s, p, s.work, &codes);
-    else produce(s, p, s.work);
+    if constexpr (kRegWeights) pl::shrink_registers<kProducerRegs>();
+    if (!kRegWeights || threadIdx.x < kConsumerThreads + kProducerThreads) {  // warps 5-7 only wait
+      if constexpr (kTma) produce_tma(s, p, s.work, &codes);
+      else produce(s, p, s.work);
+    }
   } else {
-    consume<kTma>(s, p, s.work, rows);
+    if constexpr (kRegWeights) pl::grow_registers<kConsumerRegs>();
+    consume<kTma, kRegWeights>(s, p, s.work, rows);
   }
   // The producer waits here for the consumers instead of exiting while they still
   // read the smem it wrote (as the sparse kernel's head_rows_kernel).
@@ -631,12 +687,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // launch_indexer_topk's precondition).
 // DSMLA_INDEXER_WS_TMA=0 forces the cp.async producer (read on every launch, as
 // DSMLA_INDEXER_WS_TILES_PER_CTA: tests compare the two producers in one process).
-bool tma_producer_fits(const IndexerTopkParams& p) {
-  const char* env = std::getenv("DSMLA_INDEXER_WS_TMA");
-  const bool disabled = env != nullptr && std::string(env) == "0";
-  const int bs = p.block_size;
-  return !disabled && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;
+bool env_is(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::string(env) == value;
 }
+
+bool tma_producer_fits(const IndexerTopkParams& p) {
+  const int bs = p.block_size;
+  return !env_is("DSMLA_INDEXER_WS_TMA", "0") && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;
+}
+
+// DSMLA_INDEXER_WS_REGS=1 keeps the weights in registers (with the TMA producer;
+// read on every launch: tests and the harness compare the two in one process).
+bool reg_weights_chosen() { return env_is("DSMLA_INDEXER_WS_REGS", "1"); }
 
 // The cache's codes as a [num_blocks][block_size][128 B] tensor (a block's rows
 // 128 B apart, blocks block_size * 132 B apart), boxes of one piece.
@@ -667,10 +730,14 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");
   CUtensorMap codes{};
   const bool use_tma = tma_producer_fits(p) && encode_codes_map(codes, p);
-  const auto kernel = use_tma ? &logits_ws_kernel<true> : &logits_ws_kernel<false>;
-  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "indexer logits_ws_kernel");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p, row_begin, row_count, stride, keys,
+  const auto launch = [&](auto kernel, int threads) {
+    opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "indexer logits_ws_kernel");
+    kernel<<<static_cast<unsigned>(blocks), threads, kSmemBytes, stream>>>(p, row_begin, row_count, stride, keys,
                                                                           tiles_per_cta, chunks, codes);
+  };
+  if (use_tma && reg_weights_chosen()) launch(&logits_ws_kernel<true, true>, kThreads<true>);
+  else if (use_tma) launch(&logits_ws_kernel<true, false>, kThreads<false>);
+  else launch(&logits_ws_kernel<false, false>, kThreads<false>);
   check_launch("indexer logits_ws_kernel");
 }
 
