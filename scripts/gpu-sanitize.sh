@@ -82,11 +82,12 @@ if want indexer; then
   run memcheck test_gpu_cuda "$indexer:*IndexerTopk.EveryCtasPerRow*:*IndexerTopk.WgmmaWsTmaAndCopy*"
   run racecheck test_gpu_cuda "$indexer"
   run synccheck test_gpu_cuda "$indexer"
-  # wgmma_ws with the weights in registers (a producer warpgroup, setmaxnreg) on
-  # every TMA-sized case, and under racecheck / synccheck on the TMA cases above.
+  # wgmma_ws with the weights in shared memory (DSMLA_INDEXER_WS_REGS=0; the default
+  # holds them in registers): both on every TMA-sized case, and under racecheck /
+  # synccheck on the TMA cases above.
   run memcheck test_gpu_cuda '*IndexerTopk.WgmmaWsRegisterWeights*'
-  DSMLA_INDEXER_WS_REGS=1 run racecheck test_gpu_cuda "$indexer"
-  DSMLA_INDEXER_WS_REGS=1 run synccheck test_gpu_cuda "$indexer"
+  DSMLA_INDEXER_WS_REGS=0 run racecheck test_gpu_cuda "$indexer"
+  DSMLA_INDEXER_WS_REGS=0 run synccheck test_gpu_cuda "$indexer"
 fi
 
 [ $status -eq 0 ] && echo "gpu-sanitize: all clean" || echo "gpu-sanitize: FAILED"

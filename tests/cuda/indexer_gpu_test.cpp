@@ -641,7 +641,7 @@ TEST(IndexerTopk, WgmmaWsLongCtasMatchReference) {
   struct UnsetOnExit {
     ~UnsetOnExit() { unsetenv("DSMLA_INDEXER_WS_TILES_PER_CTA"); }
   } unset_on_exit;
-  for (const char* tiles : {"32", "7", "1"}) {
+  for (const char* tiles : {"100", "32", "7", "1"}) {  // 100: four windows of tiles a CTA, the last partial
     ASSERT_EQ(setenv("DSMLA_INDEXER_WS_TILES_PER_CTA", tiles, 1), 0);
     for (const TopkCase& c : cases)
       if (c.name == "h64_b128_large" || c.name == "h64_b64_prefill" || c.name == "h32_b16_prefill_ties" ||
@@ -679,7 +679,7 @@ int compare_ws_switch(const char* name, const char* what) {
     if (!(bs == 16 || bs == 32 || bs % 64 == 0)) continue;
     const TopkProblem pb = make_problem(c);
     DeviceProblem dev(c, pb);
-    for (const char* tiles : {"4", "32"}) {
+    for (const char* tiles : {"4", "32", "100"}) {
       EXPECT_EQ(setenv("DSMLA_INDEXER_WS_TILES_PER_CTA", tiles, 1), 0);
       const std::vector<std::uint8_t> off = ws_logits_with(dev, name, "0");
       const std::vector<std::uint8_t> on = ws_logits_with(dev, name, "1");
@@ -700,27 +700,28 @@ TEST(IndexerTopk, WgmmaWsTmaAndCopyProducersGiveIdenticalLogits) {
       << "too few cases with a TMA block size";
 }
 
-// DSMLA_INDEXER_WS_REGS=1 holds the weights in registers instead of reading them
-// from shared memory (with the TMA producer): the same products summed in the
-// same order, so the logits must be identical bit for bit.
+// With the TMA producer wgmma_ws holds the weights in registers (the default;
+// DSMLA_INDEXER_WS_REGS=0 reads them from shared memory instead): the same
+// products summed in the same order, so the logits must be identical bit for bit.
 TEST(IndexerTopk, WgmmaWsRegisterWeightsGiveIdenticalLogits) {
   DSMLA_SKIP_WITHOUT_GPU();
   EXPECT_GE(compare_ws_switch("DSMLA_INDEXER_WS_REGS", "the register and shared-memory weights' logits"), 8)
       << "too few cases with a TMA block size";
 }
 
-// ... and its selections match the reference on the cases with long rows, prefill
-// runs (quads), mixed rows and block size 32 (two pieces a tile).
-TEST(IndexerTopk, WgmmaWsRegisterWeightsMatchReference) {
+// ... and the shared-memory weights' selections match the reference on the cases
+// with long rows, prefill runs (quads), mixed rows and block size 32 (two pieces a
+// tile); every other test runs the default.
+TEST(IndexerTopk, WgmmaWsSharedMemoryWeightsMatchReference) {
   DSMLA_SKIP_WITHOUT_GPU();
   struct UnsetOnExit {
     ~UnsetOnExit() { unsetenv("DSMLA_INDEXER_WS_REGS"); }
   } unset_on_exit;
-  ASSERT_EQ(setenv("DSMLA_INDEXER_WS_REGS", "1", 1), 0);
+  ASSERT_EQ(setenv("DSMLA_INDEXER_WS_REGS", "0", 1), 0);
   for (const TopkCase& c : topk_cases())
     if (c.name == "h64_b128_large" || c.name == "h64_b64_prefill" || c.name == "h64_b64_mixed" ||
         c.name == "h64_b32_decode") {
-      SCOPED_TRACE(c.name + " with the weights in registers");
+      SCOPED_TRACE(c.name + " with the weights in shared memory");
       check_case(c, IndexerLogitsKernel::wgmma_ws);
     }
 }
@@ -804,8 +805,9 @@ TEST(IndexerSchedule, RowsAndFillCountsFollowThePlan) {
 // Host code: the logits kernel's CTA length (H200: 132 SMs x 2 CTAs = 264 slots).
 TEST(IndexerSchedule, TilesPerCtaKeepLongCtasUnlessTheGpuWouldIdle) {
   constexpr int kSlots = 264;
-  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(4096, 256, kSlots), 32);  // prefill 16K: many quads
-  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(2048, 128, kSlots), 32);  // prefill 8K
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(4096, 256, kSlots), 256);  // prefill 16K: many quads, whole rows
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(2048, 128, kSlots), 128);  // prefill 8K
+  EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(300, 256, kSlots), 32);    // 1200 rows at 16K: 2 waves of whole rows
   EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(16, 1024, kSlots), 32);   // decode 64 x 64K: 512 CTAs, 2 waves either way
   EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(4, 1024, kSlots), 16);    // decode 16 x 64K: 256 CTAs, one wave
   EXPECT_EQ(cuda::indexer_ws_tiles_per_cta(1, 1024, kSlots), 4);     // decode 1 x 64K: 256 CTAs of 4 tiles
@@ -814,9 +816,10 @@ TEST(IndexerSchedule, TilesPerCtaKeepLongCtasUnlessTheGpuWouldIdle) {
   for (std::int64_t quads : {1, 3, 16, 100, 700, 5000})
     for (int tiles : {1, 5, 64, 300, 1024, 16384}) {
       const int t = cuda::indexer_ws_tiles_per_cta(quads, tiles, kSlots);
-      ASSERT_TRUE(t == 4 || t == 8 || t == 16 || t == 32) << t;
+      ASSERT_TRUE(t == tiles || (t < tiles && (t == 4 || t == 8 || t == 16 || t == 32))) << t;
       const auto path = [&](int c) { return ((quads * ((tiles + c - 1) / c) + kSlots - 1) / kSlots) * c; };
-      for (int c : {4, 8, 16, 32}) EXPECT_LE(path(t), path(c) / 0.9 + 1e-9) << quads << " quads, " << tiles << " tiles";
+      for (int c : {4, 8, 16, 32, tiles})
+        if (c <= tiles) EXPECT_LE(path(t), path(c) / 0.9 + 1e-9) << quads << " quads, " << tiles << " tiles";
     }
   EXPECT_NE(test::error_of([] { (void)cuda::indexer_ws_tiles_per_cta(0, 10, kSlots); }).find("quads 0"),
             std::string::npos);

@@ -5,8 +5,9 @@
 // block-table hole). NOTES.md ("v2") has the design and the predictions.
 //
 // Work split: one CTA per (quad of rows 4x .. 4x+3 of the chunk, chunk of
-// `tiles_per_cta` tiles of 64 positions), 1-D grid, the last quads (longest
-// rows in a prefill) first. Two CTAs per SM.
+// `tiles_per_cta` tiles of 64 positions: whole rows in a prefill, fewer where
+// few long rows would leave SMs idle), 1-D grid, the last quads (longest rows
+// in a prefill) first, walked in windows of up to 32 tiles. Two CTAs per SM.
 //
 // Roles: warps 0-3 = one consumer warpgroup (MMAs and epilogue), warp 4 = the
 // producer (paged key tiles into a kStages ring, full / empty mbarriers: by TMA
@@ -43,7 +44,7 @@
 // Exactness: as the wgmma kernel (FP8 MMA accumulation of reduced precision;
 // tolerance 5e-4 of the sum of |terms| in the tests).
 //
-// Weights in registers (kRegWeights, with the TMA producer only; NOTES.md v6):
+// Weights in registers (kRegWeights, the default with the TMA producer; NOTES.md v6):
 // the producer becomes a whole warpgroup (warps 5-7 only wait) so that
 // setmaxnreg can move its registers to the consumers, which then hold their
 // units' weights in registers instead of reading 16 x 16 bytes of shared memory
@@ -90,12 +91,12 @@ constexpr int kTileBytes = kTileKeys * kRowBytes;  // 8192
 constexpr int kQRowBytes = kMaxHeads * kRowBytes;  // one query row: 64 heads, 8192
 constexpr int kRows = 4;                           // rows per CTA
 constexpr int kStages = 8;
-constexpr int kMaxTilesPerCta = 32;
+constexpr int kWindowTiles = 32;  // a CTA's tiles are walked in windows of at most this many
 constexpr int kEntrySlots = 8;  // the copy producer's block-table lookahead ring (kAhead < kEntrySlots tiles)
 // The TMA producer copies a tile as pieces of min(block_size, 64) keys, one cache
 // block each: block sizes 16, 32 or a multiple of 64 (4, 2 or 1 pieces a tile).
 constexpr int kTmaMinPiece = 16;
-constexpr int kTmaPiecesPerUnit = kMaxTilesPerCta * (kTileKeys / kTmaMinPiece);  // 128
+constexpr int kTmaPiecesPerUnit = kWindowTiles * (kTileKeys / kTmaMinPiece);  // 128
 // A thread's 16 weights of a row, padded from 16 to 20 floats per lane % 4: the
 // quarter-warp of an LDS.128 (lanes with lane % 4 = 0..3) then reads 4 distinct
 // 16-byte words in distinct banks (stride 16: lanes 0 and 2 collide, twice the
@@ -114,6 +115,17 @@ struct Work {
   int tile0, tile_end; // the CTA's tiles [tile0, tile_end)
 };
 
+// The CTA's tiles in windows [tile0, tile_end) of at most kWindowTiles (the TMA
+// producer's table of block-table entries holds one window's): both roles walk
+// the units of one window, then of the next. A CTA as long as a whole row (the
+// host's choice for prefills) thus needs no CTAs past its rows' ends.
+struct Window {
+  int tile0, tile_end;
+};
+__device__ __forceinline__ Window window_at(const Work& w, int tile0) {
+  return Window{tile0, min(tile0 + kWindowTiles, w.tile_end)};
+}
+
 struct Smem {
   std::uint8_t q[kRows][kQRowBytes];    // offset 0 (1024-aligned); rows 2p, 2p+1 = pair p's 128 B rows
   std::uint8_t k[kStages][kTileBytes];  // 1024-aligned
@@ -125,7 +137,7 @@ struct Smem {
   pl::Mbarrier q_ready;                 // one arrival per consumer thread: q and w written
   Work work;                            // written by thread 0 (keeps the consumers' registers for the MMAs)
   // Producer's block-table entries. Copy producer: [tile % kEntrySlots][key] of the next
-  // tiles. TMA producer: [unit slot r * kTmaPiecesPerUnit + piece] of the whole CTA.
+  // tiles. TMA producer: [unit slot r * kTmaPiecesPerUnit + piece] of the window.
   std::int32_t entry[kEntrySlots * kTileKeys];
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
@@ -142,11 +154,11 @@ struct Unit {
   int first, count, request, max_pos, items;
 };
 
-// Unit of row slot r (0..3), if any with at least one tile: the quad (slot 0),
-// a pair of rows of one request (slot 2p) or a row alone. Walking the slots in
-// order gives the producer's and the consumers' common sequence (one runtime
-// loop, so each consumer shape is instantiated once).
-__device__ __forceinline__ bool unit_at(const Work& w, int r, Unit& u) {
+// Unit of row slot r (0..3), if any with at least one tile of the window: the quad
+// (slot 0), a pair of rows of one request (slot 2p) or a row alone. Walking the
+// slots in order gives the producer's and the consumers' common sequence (one
+// runtime loop, so each consumer shape is instantiated once).
+__device__ __forceinline__ bool unit_at(const Work& w, const Window& win, int r, Unit& u) {
   const int pos_r = pick(w.pos, r);
   int count = 0, max_pos = pos_r;
   if (w.quad) {
@@ -162,8 +174,8 @@ __device__ __forceinline__ bool unit_at(const Work& w, int r, Unit& u) {
       count = pos_r >= 0 ? 1 : 0;
     }
   }
-  const int end = min(w.tile_end, max_pos / kTileKeys + 1);
-  u = Unit{r, count, pick(w.request, r), max_pos, end - w.tile0};
+  const int end = min(win.tile_end, max_pos / kTileKeys + 1);
+  u = Unit{r, count, pick(w.request, r), max_pos, end - win.tile0};
   return count > 0 && u.items > 0;
 }
 
@@ -247,7 +259,8 @@ __device__ __forceinline__ void advance(int& position, int& index, int& row, int
   }
 }
 
-__device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w) {
+// One window; `it` counts the CTA's tiles (stages and entry slots) across windows.
+__device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w, const Window& win, int& it) {
   static_assert(kAhead < kEntrySlots, "a slot is rewritten only after its tile's entries were read");
   const int lane = threadIdx.x % 32;
   const int bs = p.block_size;
@@ -264,13 +277,13 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
       Unit u;
       at = 0;
       a_items = 0;
-      if (!unit_at(w, ar, u)) continue;
+      if (!unit_at(w, win, ar, u)) continue;
       a_items = u.items;
       a_max_pos = u.max_pos;
       a_table = p.block_table + std::int64_t{u.request} * p.max_blocks_per_request;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        a_pos[h] = w.tile0 * kTileKeys + lane + 32 * h;
+        a_pos[h] = win.tile0 * kTileKeys + lane + 32 * h;
         a_index[h] = a_pos[h] / bs;
         a_row[h] = a_pos[h] - a_index[h] * bs;
       }
@@ -287,19 +300,18 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
   // (tile it + kAhead's entries, tile it's keys): before tile it, wait_copies<kAhead - 1>
   // leaves pending only groups newer than the one holding tile it's entries.
 #pragma unroll 1
-  for (int d = 0; d < kAhead; ++d) ahead(d);
+  for (int d = 0; d < kAhead; ++d) ahead((it + d) % kEntrySlots);
   pl::commit_copies();
 #pragma unroll
   for (int d = 1; d < kAhead; ++d) pl::commit_copies();
-  int it = 0;
 #pragma unroll 1
   for (int r = 0; r < kRows; ++r) {
     Unit u;
-    if (!unit_at(w, r, u)) continue;
+    if (!unit_at(w, win, r, u)) continue;
     int pos[2], index[2], row[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      pos[h] = w.tile0 * kTileKeys + lane + 32 * h;
+      pos[h] = win.tile0 * kTileKeys + lane + 32 * h;
       index[h] = pos[h] / bs;
       row[h] = pos[h] - index[h] * bs;
     }
@@ -334,20 +346,22 @@ __device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, con
 // the valid pieces' bytes. A piece without a cache row is not copied: its keys
 // keep the stage's previous bytes, which the validity mask keeps out of every
 // logit (finish selects kNotCandidate, it does not multiply).
-// All block-table entries of the CTA are read first, every lane's loads at once.
-__device__ __forceinline__ void produce_tma(Smem& s, const IndexerTopkParams& p, const Work& w,
-                                            const CUtensorMap* codes) {
+// All block-table entries of the window are read first, every lane's loads at once.
+// `it` counts the CTA's tiles across windows.
+__device__ __forceinline__ void produce_tma(Smem& s, const IndexerTopkParams& p, const Work& w, const Window& win,
+                                            const CUtensorMap* codes, int& it) {
   const int lane = threadIdx.x % 32;
   const int bs = p.block_size;
   const int piece = min(bs, kTileKeys), pieces = kTileKeys / piece;
+  __syncwarp();  // every lane has read the previous window's entries
 #pragma unroll 1
   for (int r = 0; r < kRows; ++r) {
     Unit u;
-    if (!unit_at(w, r, u)) continue;
+    if (!unit_at(w, win, r, u)) continue;
     const std::int32_t* table = p.block_table + std::int64_t{u.request} * p.max_blocks_per_request;
 #pragma unroll 1
     for (int k = lane; k < u.items * pieces; k += 32) {
-      const int position = w.tile0 * kTileKeys + k * piece, index = position / bs;
+      const int position = win.tile0 * kTileKeys + k * piece, index = position / bs;
       const bool ok = position <= u.max_pos && index < p.max_blocks_per_request;  // as block_of
       const std::int32_t e = ok ? table[index] : -1;
       s.entry[r * kTmaPiecesPerUnit + k] = e >= 0 && e < p.num_blocks ? e : -1;
@@ -355,11 +369,10 @@ __device__ __forceinline__ void produce_tma(Smem& s, const IndexerTopkParams& p,
   }
   __syncwarp();
   const std::int64_t block_bytes = cache_block_bytes(p);
-  int it = 0;
 #pragma unroll 1
   for (int r = 0; r < kRows; ++r) {
     Unit u;
-    if (!unit_at(w, r, u)) continue;
+    if (!unit_at(w, win, r, u)) continue;
 #pragma unroll 1
     for (int t = 0; t < u.items; ++t, ++it) {
       const int stage = stage_of(it);
@@ -379,7 +392,7 @@ __device__ __forceinline__ void produce_tma(Smem& s, const IndexerTopkParams& p,
         pl::arrive_expect_tx(&s.full[stage], __popc(pieces_valid) * piece * (kRowBytes + 4));
       }
       if (e >= 0) {
-        const int row0 = ((w.tile0 + t) * kTileKeys + lane * piece) % bs;
+        const int row0 = ((win.tile0 + t) * kTileKeys + lane * piece) % bs;
         tma::load_box_3d(codes, &s.full[stage], &s.k[stage][lane * piece * kRowBytes], 0, row0, e);
         tma::load_bulk(p.index_cache + e * block_bytes + std::int64_t{bs} * kRowBytes + 4 * row0, &s.full[stage],
                        &s.scale[stage][lane * piece], 4 * piece);
@@ -487,7 +500,7 @@ __device__ __forceinline__ void finish(Smem& s, const float (&acc)[kN / 2], int 
 template <bool kTma>
 struct ConsumerCtx {
   Smem& s;
-  const Work& w;
+  int tile0;  // the window's first tile
   Lane L;
   std::uint32_t q_addr, k_addr;  // shared-window addresses of s.q and s.k
 };
@@ -523,10 +536,10 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u
     issue_logits_mma<kN>(b, c.k_addr + stage_of(i1) * kTileBytes, q);
     wgmma::wait<1>();
     wgmma::fence_operands(a);
-    finish<kN, kRegWeights>(c.s, a, stage_of(i0), two, (c.w.tile0 + t) * kTileKeys, u.first, w, c.L);
+    finish<kN, kRegWeights>(c.s, a, stage_of(i0), two, (c.tile0 + t) * kTileKeys, u.first, w, c.L);
     wgmma::wait<0>();
     wgmma::fence_operands(b);
-    if (two) finish<kN, kRegWeights>(c.s, b, stage_of(i1), true, (c.w.tile0 + t + 1) * kTileKeys, u.first, w, c.L);
+    if (two) finish<kN, kRegWeights>(c.s, b, stage_of(i1), true, (c.tile0 + t + 1) * kTileKeys, u.first, w, c.L);
     else release(c.s, stage_of(i0), c.L);
   }
   it += n;
@@ -550,7 +563,7 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u
   const int n = u.items;
 #pragma unroll 1
   for (int t = 0; t < n; ++t) {
-    const int i = it + t, base = (c.w.tile0 + t) * kTileKeys;
+    const int i = it + t, base = (c.tile0 + t) * kTileKeys;
     wait_full(c, i);
     issue_logits_mma<128>(a, c.k_addr + stage_of(i) * kTileBytes, q0);
     issue_logits_mma<128>(b, c.k_addr + stage_of(i) * kTileBytes, q1);
@@ -597,16 +610,20 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   pl::arrive(&s.q_ready);
   pl::wait(&s.q_ready, 0);
 
-  ConsumerCtx<kTma> c{s, w, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
-                pl::smem_addr(s.k)};
+  ConsumerCtx<kTma> c{s, w.tile0, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
+                      pl::smem_addr(s.k)};
   int it = 0;
 #pragma unroll 1
-  for (int r = 0; r < kRows; ++r) {
-    Unit u;
-    if (!unit_at(w, r, u)) continue;
-    if (u.count == 4) consume_quad<kTma, kRegWeights>(c, u, it);
-    else if (u.count == 2) consume_unit<128, kTma, kRegWeights>(c, u, it);
-    else consume_unit<64, kTma, kRegWeights>(c, u, it);
+  for (c.tile0 = w.tile0; c.tile0 < w.tile_end; c.tile0 += kWindowTiles) {
+    const Window win = window_at(w, c.tile0);
+#pragma unroll 1
+    for (int r = 0; r < kRows; ++r) {
+      Unit u;
+      if (!unit_at(w, win, r, u)) continue;
+      if (u.count == 4) consume_quad<kTma, kRegWeights>(c, u, it);
+      else if (u.count == 2) consume_unit<128, kTma, kRegWeights>(c, u, it);
+      else consume_unit<64, kTma, kRegWeights>(c, u, it);
+    }
   }
 }
 
@@ -651,7 +668,7 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     Unit u;
-    any = any || unit_at(w, r, u);
+    any = any || unit_at(w, Window{w.tile0, w.tile_end}, r, u);
   }
   if (!any) return;  // block-uniform: no barrier initialised yet
 
@@ -670,8 +687,13 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
   if (threadIdx.x >= kConsumerThreads) {
     if constexpr (kRegWeights) pl::shrink_registers<kProducerRegs>();
     if (!kRegWeights || threadIdx.x < kConsumerThreads + kProducerThreads) {  // warps 5-7 only wait
-      if constexpr (kTma) produce_tma(s, p, s.work, &codes);
-      else produce(s, p, s.work);
+      const Work& w = s.work;
+      int it = 0;
+#pragma unroll 1
+      for (int t0 = w.tile0; t0 < w.tile_end; t0 += kWindowTiles) {
+        if constexpr (kTma) produce_tma(s, p, w, window_at(w, t0), &codes, it);
+        else produce(s, p, w, window_at(w, t0), it);
+      }
     }
   } else {
     if constexpr (kRegWeights) pl::grow_registers<kConsumerRegs>();
@@ -697,9 +719,11 @@ bool tma_producer_fits(const IndexerTopkParams& p) {
   return !env_is("DSMLA_INDEXER_WS_TMA", "0") && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;
 }
 
-// DSMLA_INDEXER_WS_REGS=1 keeps the weights in registers (with the TMA producer;
-// read on every launch: tests and the harness compare the two in one process).
-bool reg_weights_chosen() { return env_is("DSMLA_INDEXER_WS_REGS", "1"); }
+// The weights in registers with the TMA producer (the default since its first GPU
+// run, 2026-12-03: 8-11 % off the prefill logits, decode no slower);
+// DSMLA_INDEXER_WS_REGS=0 reads them from shared memory instead (read on every
+// launch: tests and the harness compare the two in one process).
+bool reg_weights_chosen() { return !env_is("DSMLA_INDEXER_WS_REGS", "0"); }
 
 // The cache's codes as a [num_blocks][block_size][128 B] tensor (a block's rows
 // 128 B apart, blocks block_size * 132 B apart), boxes of one piece.
@@ -719,11 +743,10 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   // Long CTAs amortise the query load (32 KB against 8 KB a tile); shorter ones
   // where few long rows would leave SMs idle (host rule, indexer_schedule.cpp).
   int tiles_per_cta = indexer_ws_tiles_per_cta(quads, tiles, kCtasPerSm * multiprocessor_count());
-  static_assert(kMaxTilesPerCta == 32, "indexer_ws_tiles_per_cta picks at most 32");
-  // Tests force long CTAs on small problems with DSMLA_INDEXER_WS_TILES_PER_CTA (1..32).
+  // Tests force long CTAs on small problems with DSMLA_INDEXER_WS_TILES_PER_CTA (>= 1).
   if (const char* env = std::getenv("DSMLA_INDEXER_WS_TILES_PER_CTA")) {
     const int forced = std::atoi(env);
-    if (forced >= 1 && forced <= kMaxTilesPerCta) tiles_per_cta = forced;
+    if (forced >= 1) tiles_per_cta = std::min(forced, tiles);
   }
   const int chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   const std::int64_t blocks = quads * chunks;

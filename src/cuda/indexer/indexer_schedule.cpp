@@ -27,9 +27,9 @@ int indexer_ws_tiles_per_cta(std::int64_t quads, int tiles_per_row, int cta_slot
     const std::int64_t ctas = quads * ((tiles_per_row + tiles_per_cta - 1) / tiles_per_cta);
     return static_cast<double>((ctas + cta_slots - 1) / cta_slots) * tiles_per_cta;
   };
-  int best = 32;
-  for (int t = 16; t >= 4; t /= 2)
-    if (path(t) < 0.9 * path(best)) best = t;
+  int best = tiles_per_row;
+  for (int t = 32; t >= 4; t /= 2)
+    if (t < best && path(t) < 0.9 * path(best)) best = t;
   return best;
 }
 

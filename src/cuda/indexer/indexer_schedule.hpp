@@ -23,10 +23,13 @@ IndexerHostSchedule make_indexer_schedule(const Plan& plan);
 
 // Tiles of 64 positions per CTA of the warp-specialised logits kernel (a CTA
 // takes 4 rows x that many tiles; the grid is quads x ceil(tiles_per_row / it)
-// CTAs, `cta_slots` of which run at once). The longest CTA (32 tiles) amortises
-// the query load and ring fill best; a shorter one is taken only when it cuts the
+// CTAs, `cta_slots` of which run at once). A CTA as long as the whole row
+// amortises the query load and ring fill best and leaves no CTA past a short
+// row's end (a prefill's causal rows: with 32-tile CTAs over 16K positions, two
+// thirds of the first workspace chunk's CTAs found nothing to do, ncu
+// 2026-12-03); a shorter one (32, 16, 8, 4) is taken only when it cuts the
 // critical path, ceil(CTAs / slots) x tiles, by more than 10 %: few long rows
-// (decode at long contexts) then still fill the GPU, many rows keep 32.
+// (decode at long contexts) then still fill the GPU.
 // Every quad is counted at the full row length (an upper bound for a prefill).
 int indexer_ws_tiles_per_cta(std::int64_t quads, int tiles_per_row, int cta_slots);
 
