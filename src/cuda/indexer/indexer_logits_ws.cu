@@ -12,7 +12,9 @@
 // Roles: warps 0-3 = one consumer warpgroup (MMAs and epilogue), warp 4 = the
 // producer (paged key tiles into a kStages ring, full / empty mbarriers: by TMA
 // for block sizes 16, 32 and multiples of 64, produce_tma; by cp.async gathers
-// otherwise, produce). A tile is 64 keys (the MMA's M) x 128 dims.
+// otherwise, produce). A tile is 64 keys (the MMA's M) x 128 dims. With the
+// weights in registers (below) warps 5-7 complete the producer's warpgroup and
+// only wait.
 //
 // Shapes (decided per quad from its rows only, so each row's logits always
 // come from one MMA shape: identical keys tie bit-exactly):
