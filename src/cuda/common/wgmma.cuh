@@ -36,27 +36,47 @@ __host__ __device__ constexpr std::uint32_t sw128_k_step_offset(int ks) {
   return static_cast<std::uint32_t>((ks >> 2) * kBlockBytes + (ks & 3) * 32);
 }
 
-// K-major operand (rows of 64 bf16 along K, 8-row groups kAtomBytes apart).
-// The leading offset is unused in this layout (CuTe's convention: 1).
-__device__ __forceinline__ std::uint64_t desc_k_major(std::uint32_t smem_addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<std::uint16_t>((smem_addr & 0x3FFFF) >> 4);
-  d.bitfield.leading_byte_offset_ = 1;
-  d.bitfield.stride_byte_offset_ = kAtomBytes >> 4;
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = static_cast<std::uint8_t>(gmma::LayoutType::B128);
-  return d.desc_;
+// Descriptors are built at every K step from the operand's address (ptxas keeps
+// that in the uniform datapath; a descriptor built once and advanced per step
+// went to vector registers and spilled the sparse kernel, 2026-12-03), so each
+// build is kept to an add, a shift and a move. Shared-window addresses stay
+// below 2^18, so the start-address field's mask, (addr & 0x3FFFF) >> 4, is the
+// identity there, and the leading byte offset (bits 16-29 of the low word) folds
+// into the add: (addr + (lbo << 20)) >> 4 = (addr >> 4) | lbo << 16. Building
+// field by field (CuTe's GmmaDescriptor bitfields) cost five uniform
+// instructions per descriptor, ten before each HGMMA of the sparse kernel's S
+// (cuobjdump). The layout: start address bits 0-13, leading byte offset 16-29,
+// stride byte offset 32-45, base offset 49-51 (0), layout type 62-63 (B128 = 1).
+inline constexpr std::uint32_t kDescHiB128 = (kAtomBytes >> 4) | (1u << 30);  // stride offset, layout B128
+
+__host__ __device__ constexpr std::uint64_t desc_words(std::uint32_t smem_addr, std::uint32_t lbo) {
+  return (std::uint64_t{kDescHiB128} << 32) | ((smem_addr + (lbo << 20)) >> 4);
 }
 
-// MN-major operand (rows along K, 64-element column blocks `block_bytes` apart).
-__device__ __forceinline__ std::uint64_t desc_mn_major(std::uint32_t smem_addr, std::uint32_t block_bytes) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<std::uint16_t>((smem_addr & 0x3FFFF) >> 4);
-  d.bitfield.leading_byte_offset_ = static_cast<std::uint16_t>(block_bytes >> 4);
-  d.bitfield.stride_byte_offset_ = kAtomBytes >> 4;
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = static_cast<std::uint8_t>(gmma::LayoutType::B128);
-  return d.desc_;
+namespace detail {
+// desc_words against the field-by-field composition for every 16-byte aligned
+// shared address and the leading offsets in use (1; 8 KB and 16 KB blocks).
+constexpr bool desc_words_match_fields() {
+  for (std::uint32_t lbo : {1u, 512u, 1024u})
+    for (std::uint32_t addr = 0; addr < (1u << 18); addr += 16) {
+      const std::uint64_t fields = ((addr & 0x3FFFFu) >> 4) | (lbo << 16) | (std::uint64_t{kAtomBytes >> 4} << 32) |
+                                   (std::uint64_t{static_cast<std::uint8_t>(gmma::LayoutType::B128)} << 62);
+      if (desc_words(addr, lbo) != fields) return false;
+    }
+  return true;
+}
+static_assert(desc_words_match_fields(), "the folded descriptor differs from the field-by-field one");
+static_assert(static_cast<int>(gmma::LayoutType::B128) == 1, "kDescHiB128 assumes layout type 1");
+}  // namespace detail
+
+// K-major operand (rows of 64 bf16 along K, 8-row groups kAtomBytes apart).
+// The leading offset is unused in this layout (CuTe's convention: 1).
+__host__ __device__ constexpr std::uint64_t desc_k_major(std::uint32_t smem_addr) { return desc_words(smem_addr, 1); }
+
+// MN-major operand (rows along K, 64-element column blocks `block_bytes` apart;
+// block_bytes a multiple of 16 below 2^16).
+__host__ __device__ constexpr std::uint64_t desc_mn_major(std::uint32_t smem_addr, std::uint32_t block_bytes) {
+  return desc_words(smem_addr, block_bytes >> 4);
 }
 
 namespace detail {
