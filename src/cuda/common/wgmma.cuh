@@ -39,14 +39,20 @@ __host__ __device__ constexpr std::uint32_t sw128_k_step_offset(int ks) {
 // Descriptors are built at every K step from the operand's address (ptxas keeps
 // that in the uniform datapath; a descriptor built once and advanced per step
 // went to vector registers and spilled the sparse kernel, 2026-12-03), so each
-// build is kept to an add, a shift and a move. Shared-window addresses stay
-// below 2^18, so the start-address field's mask, (addr & 0x3FFFF) >> 4, is the
-// identity there, and the leading byte offset (bits 16-29 of the low word) folds
-// into the add: (addr + (lbo << 20)) >> 4 = (addr >> 4) | lbo << 16. Building
-// field by field (CuTe's GmmaDescriptor bitfields) cost five uniform
+// build is kept to an add, a shift and a move. The address is an offset in the
+// CTA's shared window, below 2^18 (desc_base, taken once per kernel), so the
+// start-address field's mask, (addr & 0x3FFFF) >> 4, is the identity and the
+// leading byte offset (bits 16-29 of the low word) folds into the add:
+// (addr + (lbo << 20)) >> 4 = (addr >> 4) | lbo << 16. Building field by field
+// (CuTe's GmmaDescriptor bitfields) from the raw address cost five uniform
 // instructions per descriptor, ten before each HGMMA of the sparse kernel's S
 // (cuobjdump). The layout: start address bits 0-13, leading byte offset 16-29,
 // stride byte offset 32-45, base offset 49-51 (0), layout type 62-63 (B128 = 1).
+//
+// desc_base: a shared address as descriptors take it. In a cluster launch a
+// CTA's shared addresses also carry bits above 2^18 (the paired sparse
+// kernel's did: without this mask all its tests failed, 2026-12-03).
+__host__ __device__ constexpr std::uint32_t desc_base(std::uint32_t shared_addr) { return shared_addr & 0x3FFFFu; }
 inline constexpr std::uint32_t kDescHiB128 = (kAtomBytes >> 4) | (1u << 30);  // stride offset, layout B128
 
 __host__ __device__ constexpr std::uint64_t desc_words(std::uint32_t smem_addr, std::uint32_t lbo) {

@@ -113,7 +113,7 @@ struct ConsumerCtx {
   Smem& s;
   int tile0;  // the window's first tile
   Lane L;
-  std::uint32_t q_addr, k_addr;  // shared-window addresses of s.q and s.k
+  std::uint32_t q_addr, k_addr;  // shared-window offsets of s.q and s.k (wgmma::desc_base)
 };
 
 template <bool kTma>
@@ -221,8 +221,8 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   pl::arrive(&s.q_ready);
   pl::wait(&s.q_ready, 0);
 
-  ConsumerCtx<kTma> c{s, w.tile0, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, pl::smem_addr(s.q),
-                      pl::smem_addr(s.k)};
+  ConsumerCtx<kTma> c{s, w.tile0, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, wgmma::desc_base(pl::smem_addr(s.q)),
+                      wgmma::desc_base(pl::smem_addr(s.k))};
   int it = 0;
 #pragma unroll 1
   for (c.tile0 = w.tile0; c.tile0 < w.tile_end; c.tile0 += kWindowTiles) {
