@@ -55,8 +55,9 @@ __host__ __device__ constexpr std::uint32_t sw128_k_step_offset(int ks) {
 __host__ __device__ constexpr std::uint32_t desc_base(std::uint32_t shared_addr) { return shared_addr & 0x3FFFFu; }
 inline constexpr std::uint32_t kDescHiB128 = (kAtomBytes >> 4) | (1u << 30);  // stride offset, layout B128
 
-__host__ __device__ constexpr std::uint64_t desc_words(std::uint32_t smem_addr, std::uint32_t lbo) {
-  return (std::uint64_t{kDescHiB128} << 32) | ((smem_addr + (lbo << 20)) >> 4);
+// The descriptor words of the operand at `offset` (a desc_base offset) with leading byte offset `lbo` (in 16 B).
+__host__ __device__ constexpr std::uint64_t desc_words(std::uint32_t offset, std::uint32_t lbo) {
+  return (std::uint64_t{kDescHiB128} << 32) | ((offset + (lbo << 20)) >> 4);
 }
 
 namespace detail {
@@ -75,14 +76,15 @@ static_assert(desc_words_match_fields(), "the folded descriptor differs from the
 static_assert(static_cast<int>(gmma::LayoutType::B128) == 1, "kDescHiB128 assumes layout type 1");
 }  // namespace detail
 
-// K-major operand (rows of 64 bf16 along K, 8-row groups kAtomBytes apart).
-// The leading offset is unused in this layout (CuTe's convention: 1).
-__host__ __device__ constexpr std::uint64_t desc_k_major(std::uint32_t smem_addr) { return desc_words(smem_addr, 1); }
+// K-major operand at `offset` (a desc_base offset; rows of 64 bf16 along K, 8-row
+// groups kAtomBytes apart). The leading offset is unused in this layout (CuTe's
+// convention: 1).
+__host__ __device__ constexpr std::uint64_t desc_k_major(std::uint32_t offset) { return desc_words(offset, 1); }
 
-// MN-major operand (rows along K, 64-element column blocks `block_bytes` apart;
-// block_bytes a multiple of 16 below 2^16).
-__host__ __device__ constexpr std::uint64_t desc_mn_major(std::uint32_t smem_addr, std::uint32_t block_bytes) {
-  return desc_words(smem_addr, block_bytes >> 4);
+// MN-major operand at `offset` (a desc_base offset; rows along K, 64-element
+// column blocks `block_bytes` apart, a multiple of 16 below 2^16).
+__host__ __device__ constexpr std::uint64_t desc_mn_major(std::uint32_t offset, std::uint32_t block_bytes) {
+  return desc_words(offset, block_bytes >> 4);
 }
 
 namespace detail {
