@@ -86,11 +86,10 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
     if (!kRegWeights || threadIdx.x < kConsumerThreads + kProducerThreads) {  // warps 5-7 only wait
       const Work& w = s.work;
       int it = 0;
-#pragma unroll 1
-      for (int t0 = w.tile0; t0 < w.tile_end; t0 += kWindowTiles) {
-        if constexpr (kTma) produce_tma(s, p, w, window_at(w, t0), &codes, it);
-        else produce(s, p, w, window_at(w, t0), it);
-      }
+      for_each_window(w, [&](const Window& win) {
+        if constexpr (kTma) produce_tma(s, p, w, win, &codes, it);
+        else produce(s, p, w, win, it);
+      });
     }
   } else {
     if constexpr (kRegWeights) pl::grow_registers<kConsumerRegs>();

@@ -32,7 +32,9 @@ __device__ __forceinline__ void release(Smem& s, int stage, const Lane&) { pl::a
 struct RegWeights {
   float4 v[4];
 };
-__device__ __forceinline__ float4 weight_word(const float* w16, int i) { return reinterpret_cast<const float4*>(w16)[i]; }
+__device__ __forceinline__ float4 weight_word(const float* w16, int i) {
+  return reinterpret_cast<const float4*>(w16)[i];
+}
 __device__ __forceinline__ float4 weight_word(const RegWeights& w, int i) { return w.v[i]; }
 
 __device__ __forceinline__ RegWeights load_weights(const Smem& s, int row, int q) {
@@ -189,7 +191,8 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u
 }
 
 template <bool kTma, bool kRegWeights>
-__device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w, const IndexerRow (&rows)[kRows]) {
+__device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, const Work& w,
+                                        const IndexerRow (&rows)[kRows]) {
   const int tid = threadIdx.x;
   const int heads = p.num_heads;
   // Queries of the rows that need logits (heads >= num_heads zero), as B-operand rows
@@ -221,12 +224,11 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   pl::arrive(&s.q_ready);
   pl::wait(&s.q_ready, 0);
 
-  ConsumerCtx<kTma> c{s, w.tile0, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1}, wgmma::desc_base(pl::smem_addr(s.q)),
-                      wgmma::desc_base(pl::smem_addr(s.k))};
+  ConsumerCtx<kTma> c{s, w.tile0, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1},
+                      wgmma::desc_base(pl::smem_addr(s.q)), wgmma::desc_base(pl::smem_addr(s.k))};
   int it = 0;
-#pragma unroll 1
-  for (c.tile0 = w.tile0; c.tile0 < w.tile_end; c.tile0 += kWindowTiles) {
-    const Window win = window_at(w, c.tile0);
+  for_each_window(w, [&](const Window& win) {
+    c.tile0 = win.tile0;
 #pragma unroll 1
     for (int r = 0; r < kRows; ++r) {
       Unit u;
@@ -235,7 +237,7 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
       else if (u.count == 2) consume_unit<128, kTma, kRegWeights>(c, u, it);
       else consume_unit<64, kTma, kRegWeights>(c, u, it);
     }
-  }
+  });
 }
 
 }  // namespace dsmla::cuda::indexer::logits_ws

@@ -115,8 +115,11 @@ struct Work {
 struct Window {
   int tile0, tile_end;
 };
-__device__ __forceinline__ Window window_at(const Work& w, int tile0) {
-  return Window{tile0, min(tile0 + kWindowTiles, w.tile_end)};
+// Calls f(window) for the CTA's windows in order.
+template <class F>
+__device__ __forceinline__ void for_each_window(const Work& w, F&& f) {
+#pragma unroll 1
+  for (int t0 = w.tile0; t0 < w.tile_end; t0 += kWindowTiles) f(Window{t0, min(t0 + kWindowTiles, w.tile_end)});
 }
 
 struct Smem {

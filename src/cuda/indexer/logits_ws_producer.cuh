@@ -90,7 +90,8 @@ __device__ __forceinline__ void advance(int& position, int& index, int& row, int
 }
 
 // One window; `it` counts the CTA's tiles (stages and entry slots) across windows.
-__device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w, const Window& win, int& it) {
+__device__ __forceinline__ void produce(Smem& s, const IndexerTopkParams& p, const Work& w, const Window& win,
+                                        int& it) {
   static_assert(kAhead < kEntrySlots, "a slot is rewritten only after its tile's entries were read");
   const int lane = threadIdx.x % 32;
   const int bs = p.block_size;

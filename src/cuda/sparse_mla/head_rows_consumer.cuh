@@ -38,7 +38,8 @@ struct Consumer {
   float m_run[2];     // running max (log2 domain) of rows r0, r0 + 8
   float l_part[2];    // this thread's part of the row sums
 
-  __device__ Consumer(const Barriers& b, std::uint8_t* sm) : bars(b), smem(sm), s_base(mma::desc_base(pl::smem_addr(sm))) {
+  __device__ Consumer(const Barriers& b, std::uint8_t* sm)
+      : bars(b), smem(sm), s_base(mma::desc_base(pl::smem_addr(sm))) {
     tid = threadIdx.x & 127;
     warp = tid >> 5;
     g = (tid & 31) >> 2;

@@ -57,8 +57,8 @@ template <int kWg>
 struct RolesConsumer : Consumer<kWg, true> {
   using Base = Consumer<kWg, true>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
-  using Base::row, Base::release, Base::issue_s, Base::valid_keys, Base::mask_scale, Base::rescale_o, Base::softmax_to, Base::store_p,
-      Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
+  using Base::row, Base::release, Base::issue_s, Base::valid_keys, Base::mask_scale, Base::rescale_o,
+      Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
 
   __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm) : Base(b, sm) {}
 
