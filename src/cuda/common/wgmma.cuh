@@ -39,36 +39,43 @@ __host__ __device__ constexpr std::uint32_t sw128_k_step_offset(int ks) {
 // Descriptors are built at every K step from the operand's address (ptxas keeps
 // that in the uniform datapath; a descriptor built once and advanced per step
 // went to vector registers and spilled the sparse kernel, 2026-12-03), so each
-// build is kept to an add, a shift and a move. The address is an offset in the
-// CTA's shared window, below 2^18 (desc_base, taken once per kernel), so the
-// start-address field's mask, (addr & 0x3FFFF) >> 4, is the identity and the
-// leading byte offset (bits 16-29 of the low word) folds into the add:
-// (addr + (lbo << 20)) >> 4 = (addr >> 4) | lbo << 16. Building field by field
+// build is kept to one add and a move of the constant high word. Addresses are
+// therefore held in descriptor units (DescAddr: 16 bytes, the start-address
+// field), taken once per operand base (desc_addr): an offset added to a byte
+// address needed a shift after every add, and the offsets of an unrolled K loop
+// are compile-time constants, so in units each is an immediate. The unit
+// address is below 2^14 (a CTA's shared window is 2^18 bytes; cluster launches
+// set bits above it, which desc_addr masks off: without the mask all paired
+// sparse tests failed, 2026-12-03), so the leading byte offset (bits 16-29 of
+// the low word) is added without a carry into it. Building field by field
 // (CuTe's GmmaDescriptor bitfields) from the raw address cost five uniform
 // instructions per descriptor, ten before each HGMMA of the sparse kernel's S
 // (cuobjdump). The layout: start address bits 0-13, leading byte offset 16-29,
 // stride byte offset 32-45, base offset 49-51 (0), layout type 62-63 (B128 = 1).
-//
-// desc_base: a shared address as descriptors take it. In a cluster launch a
-// CTA's shared addresses also carry bits above 2^18 (the paired sparse
-// kernel's did: without this mask all its tests failed, 2026-12-03).
-__host__ __device__ constexpr std::uint32_t desc_base(std::uint32_t shared_addr) { return shared_addr & 0x3FFFFu; }
+struct DescAddr {
+  std::uint32_t units;  // shared-window address / 16
+  // The address `bytes` (a multiple of 16) further on.
+  __host__ __device__ constexpr DescAddr operator+(std::uint32_t bytes) const { return {units + (bytes >> 4)}; }
+};
+__host__ __device__ constexpr DescAddr desc_addr(std::uint32_t shared_addr) { return {(shared_addr & 0x3FFFFu) >> 4}; }
 inline constexpr std::uint32_t kDescHiB128 = (kAtomBytes >> 4) | (1u << 30);  // stride offset, layout B128
 
-// The descriptor words of the operand at `offset` (a desc_base offset) with leading byte offset `lbo` (in 16 B).
-__host__ __device__ constexpr std::uint64_t desc_words(std::uint32_t offset, std::uint32_t lbo) {
-  return (std::uint64_t{kDescHiB128} << 32) | ((offset + (lbo << 20)) >> 4);
+// The descriptor words of the operand at `a` with leading byte offset `lbo` (in 16 B).
+__host__ __device__ constexpr std::uint64_t desc_words(DescAddr a, std::uint32_t lbo) {
+  return (std::uint64_t{kDescHiB128} << 32) | (a.units + (lbo << 16));
 }
 
 namespace detail {
 // desc_words against the field-by-field composition for every 16-byte aligned
-// shared address and the leading offsets in use (1; 8 KB and 16 KB blocks).
+// shared address (with cluster bits above the window) and the leading offsets
+// in use (1; 8 KB and 16 KB blocks).
 constexpr bool desc_words_match_fields() {
   for (std::uint32_t lbo : {1u, 512u, 1024u})
     for (std::uint32_t addr = 0; addr < (1u << 18); addr += 16) {
       const std::uint64_t fields = ((addr & 0x3FFFFu) >> 4) | (lbo << 16) | (std::uint64_t{kAtomBytes >> 4} << 32) |
                                    (std::uint64_t{static_cast<std::uint8_t>(gmma::LayoutType::B128)} << 62);
-      if (desc_words(addr, lbo) != fields) return false;
+      if (desc_words(desc_addr(addr | (3u << 24)), lbo) != fields) return false;
+      if (desc_words(desc_addr(0) + addr, lbo) != fields) return false;
     }
   return true;
 }
@@ -76,15 +83,14 @@ static_assert(desc_words_match_fields(), "the folded descriptor differs from the
 static_assert(static_cast<int>(gmma::LayoutType::B128) == 1, "kDescHiB128 assumes layout type 1");
 }  // namespace detail
 
-// K-major operand at `offset` (a desc_base offset; rows of 64 bf16 along K, 8-row
-// groups kAtomBytes apart). The leading offset is unused in this layout (CuTe's
-// convention: 1).
-__host__ __device__ constexpr std::uint64_t desc_k_major(std::uint32_t offset) { return desc_words(offset, 1); }
+// K-major operand at `a` (rows of 64 bf16 along K, 8-row groups kAtomBytes
+// apart). The leading offset is unused in this layout (CuTe's convention: 1).
+__host__ __device__ constexpr std::uint64_t desc_k_major(DescAddr a) { return desc_words(a, 1); }
 
-// MN-major operand at `offset` (a desc_base offset; rows along K, 64-element
-// column blocks `block_bytes` apart, a multiple of 16 below 2^16).
-__host__ __device__ constexpr std::uint64_t desc_mn_major(std::uint32_t offset, std::uint32_t block_bytes) {
-  return desc_words(offset, block_bytes >> 4);
+// MN-major operand at `a` (rows along K, 64-element column blocks
+// `block_bytes` apart, a multiple of 16 below 2^16).
+__host__ __device__ constexpr std::uint64_t desc_mn_major(DescAddr a, std::uint32_t block_bytes) {
+  return desc_words(a, block_bytes >> 4);
 }
 
 namespace detail {

@@ -88,7 +88,7 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
 // 128). `g` is the block's tile count before the unit, `n` its unit count.
 __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
                                              const Barriers& bars, std::uint8_t* smem, int g, int n) {
-  const std::uint32_t s_base = mma::desc_base(pl::smem_addr(smem));  // for wgmma descriptors only
+  const mma::DescAddr s_base = mma::desc_addr(pl::smem_addr(smem));  // for wgmma descriptors only
   const int me = c.warpgroup, other = 1 - c.warpgroup;
   float o[kORegs];
   float s[kSRegs];  // S of the step, then its P (as fp32 until packed)

@@ -61,7 +61,7 @@ __device__ __forceinline__ void tma_load_v(const DenseTensorMaps& maps, const Bl
 // Issues S = Q K^T of this warpgroup for the tile in `stage` (64 x kKeyTile):
 // 12 k16 steps, both operands K-major in shared memory; the first step
 // overwrites s. The caller commits and waits.
-__device__ __forceinline__ void issue_s(std::uint32_t s_base, int warpgroup, int stage, float (&s)[kSRegs]) {
+__device__ __forceinline__ void issue_s(mma::DescAddr s_base, int warpgroup, int stage, float (&s)[kSRegs]) {
 #pragma unroll
   for (int ks = 0; ks < kQkDim / 16; ++ks) {
     const std::uint32_t k_off = (ks % 4) * 32;  // 16 columns = 32 bytes into the 128-byte row
@@ -74,12 +74,12 @@ __device__ __forceinline__ void issue_s(std::uint32_t s_base, int warpgroup, int
 // MN-major in shared memory, one m64n128 product per 16 keys (two 8-key
 // swizzle atoms) across both V column blocks (kKeyBlockBytes apart). The
 // caller commits and waits; P must stay in its registers until then.
-__device__ __forceinline__ void issue_pv(std::uint32_t s_base, int stage, const std::uint32_t (&p)[kKeySteps][4],
+__device__ __forceinline__ void issue_pv(mma::DescAddr s_base, int stage, const std::uint32_t (&p)[kKeySteps][4],
                                          float (&o)[kORegs]) {
   static_assert(kORegs == 64 && kVBlocks == 2, "one m64n128 accumulator spans the two V column blocks");
 #pragma unroll
   for (int kk = 0; kk < kKeySteps; ++kk) {
-    const std::uint32_t v = s_base + v_block(stage, 0) + kk * 2 * mma::kAtomBytes;
+    const mma::DescAddr v = s_base + v_block(stage, 0) + kk * 2 * mma::kAtomBytes;
     mma::mma_rs<mma::RS_64x128_KMN>(p[kk], mma::desc_mn_major(v, kKeyBlockBytes), o);
   }
 }

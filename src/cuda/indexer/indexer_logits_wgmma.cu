@@ -122,7 +122,7 @@ __device__ __forceinline__ void run_job(Smem& s, const IndexerTopkParams& p, con
     s.w[i] = h < heads ? p.weights[std::int64_t{token} * heads + h] : 0.f;
   }
 
-  const std::uint32_t q_addr = wgmma::desc_base(pipeline::smem_addr(s.q));
+  const wgmma::DescAddr q_addr = wgmma::desc_addr(pipeline::smem_addr(s.q));
   float w[16 * kRows];  // weights of this thread's accumulator columns, read after the first barrier
   for (int t = 0; t < num_tiles; ++t) {
     const int b = t & 1;
@@ -140,7 +140,7 @@ __device__ __forceinline__ void run_job(Smem& s, const IndexerTopkParams& p, con
 
     // S^T (64 keys x kN query heads) = K Q^T, fp32.
     float acc[kN / 2];
-    const std::uint32_t k_addr = wgmma::desc_base(pipeline::smem_addr(s.k[b]));
+    const wgmma::DescAddr k_addr = wgmma::desc_addr(pipeline::smem_addr(s.k[b]));
     issue_logits_mma<kN>(acc, k_addr, q_addr);
     wgmma::wait<0>();
     wgmma::fence_operands(acc);

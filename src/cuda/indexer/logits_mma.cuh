@@ -22,7 +22,7 @@ using LogitsMma = std::conditional_t<kN == 64, wgmma::gmma::MMA_64x64x32_F32E4M3
 // Issues S^T (64 keys x kN columns, fp32) = K Q^T over the 128 dims, both
 // operands K-major in shared memory, and commits it; the caller waits.
 template <int kN>
-__device__ __forceinline__ void issue_logits_mma(float (&acc)[kN / 2], std::uint32_t k_addr, std::uint32_t q_addr) {
+__device__ __forceinline__ void issue_logits_mma(float (&acc)[kN / 2], wgmma::DescAddr k_addr, wgmma::DescAddr q_addr) {
   static_assert(kN == 64 || kN == 128);
   wgmma::fence_operands(acc);
   wgmma::fence();

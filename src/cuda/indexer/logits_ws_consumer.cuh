@@ -115,7 +115,7 @@ struct ConsumerCtx {
   Smem& s;
   int tile0;  // the window's first tile
   Lane L;
-  std::uint32_t q_addr, k_addr;  // shared-window offsets of s.q and s.k (wgmma::desc_base)
+  wgmma::DescAddr q_addr, k_addr;  // s.q and s.k as wgmma descriptors take them
 };
 
 template <bool kTma>
@@ -137,7 +137,7 @@ __device__ __forceinline__ void consume_unit(ConsumerCtx<kTma>& c, const Unit& u
     w[0] = load_weights(c.s, u.first, c.L.q);
     w[1] = load_weights(c.s, kN == 128 ? u.first + 1 : u.first, c.L.q);
   }
-  const std::uint32_t q = c.q_addr + u.first * kQRowBytes;
+  const wgmma::DescAddr q = c.q_addr + u.first * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
   for (int t = 0; t < n; t += 2) {
@@ -172,7 +172,7 @@ __device__ __forceinline__ void consume_quad(ConsumerCtx<kTma>& c, const Unit& u
       w23[r] = load_weights(c.s, 2 + r, c.L.q);
     }
   }
-  const std::uint32_t q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
+  const wgmma::DescAddr q0 = c.q_addr, q1 = c.q_addr + 2 * kQRowBytes;
   const int n = u.items;
 #pragma unroll 1
   for (int t = 0; t < n; ++t) {
@@ -225,7 +225,7 @@ __device__ __forceinline__ void consume(Smem& s, const IndexerTopkParams& p, con
   pl::wait(&s.q_ready, 0);
 
   ConsumerCtx<kTma> c{s, w.tile0, Lane{tid / 32, tid % 32, tid % 4, tid & 1, (tid >> 1) & 1},
-                      wgmma::desc_base(pl::smem_addr(s.q)), wgmma::desc_base(pl::smem_addr(s.k))};
+                      wgmma::desc_addr(pl::smem_addr(s.q)), wgmma::desc_addr(pl::smem_addr(s.k))};
   int it = 0;
   for_each_window(w, [&](const Window& win) {
     c.tile0 = win.tile0;

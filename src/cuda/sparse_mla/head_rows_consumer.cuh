@@ -29,7 +29,7 @@ struct Consumer {
   WorkItem item;  // the item being processed
   const Barriers& bars;
   std::uint8_t* smem;
-  std::uint32_t s_base;  // shared-window offset of smem, as wgmma descriptors take it (mma::desc_base)
+  mma::DescAddr s_base;  // smem as wgmma descriptors take it
   int tid, warp, g, tq;
   int peer_rank;  // paired: the other CTA of the cluster
 
@@ -37,9 +37,10 @@ struct Consumer {
   float s[32];        // S, then P, of this round's own block
   float m_run[2];     // running max (log2 domain) of rows r0, r0 + 8
   float l_part[2];    // this thread's part of the row sums
+  float scale_log2;   // the item's softmax scale in the log2 domain (S stays raw)
 
   __device__ Consumer(const Barriers& b, std::uint8_t* sm)
-      : bars(b), smem(sm), s_base(mma::desc_base(pl::smem_addr(sm))) {
+      : bars(b), smem(sm), s_base(mma::desc_addr(pl::smem_addr(sm))) {
     tid = threadIdx.x & 127;
     warp = tid >> 5;
     g = (tid & 31) >> 2;
@@ -73,8 +74,8 @@ struct Consumer {
     if (!live) return;
     pl::fence_smem_for_mma();  // cp.async writes (bf16 keys, fp8_ds_mla's rope: generic proxy), read by wgmma
     mma::fence();
-    const std::uint32_t q = s_base + kSmemQ;
-    const std::uint32_t k = s_base + kSmemK + buffer * kTileBytes;
+    const mma::DescAddr q = s_base + kSmemQ;
+    const mma::DescAddr k = s_base + (kSmemK + buffer * kTileBytes);
     const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
     const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
 #pragma unroll
@@ -105,20 +106,22 @@ struct Consumer {
   // The own buffer's flags in round `round`.
   __device__ __forceinline__ std::uint32_t valid_keys(int round) const { return valid_keys(kWg, round & 1); }
 
-  // Masks and scales S into the log2 domain; returns this thread's row maxima.
-  __device__ __forceinline__ void mask_scale(std::uint32_t valid, float scale_log2, float (&mx)[2]) {
+  // Masks the invalid keys of S to -inf and returns the row maxima in the log2
+  // domain. S stays raw: the scale is folded into softmax_to's exp2 (one FMA),
+  // and as it is positive (check_scales) the maximum of the scaled scores is
+  // the scaled maximum. The masking is skipped where the whole warp's keys are
+  // valid (every block but an item's last one).
+  __device__ __forceinline__ void mask_max(std::uint32_t valid, float (&mx)[2]) {
+    if (!__all_sync(0xffffffffu, valid == 0xffffu)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (!((valid >> (2 * (i / 4) + (i & 1))) & 1u)) s[i] = -INFINITY;
+    }
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool ok = (valid >> (2 * nt + (e & 1))) & 1u;
-        const float v = ok ? s[4 * nt + e] * scale_log2 : -INFINITY;
-        s[4 * nt + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    mx[0] = sm::quad_max(mx[0]);
-    mx[1] = sm::quad_max(mx[1]);
+    for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    mx[0] = sm::quad_max(mx[0]) * scale_log2;
+    mx[1] = sm::quad_max(mx[1]) * scale_log2;
   }
 
   // P = exp2(S - m_new), O and the row sums rescaled from m_run to m_new.
@@ -148,7 +151,7 @@ struct Consumer {
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pv = sm::exp2_approx(s[4 * nt + 2 * hi + e] - sub);
+          const float pv = sm::exp2_approx(fmaf(s[4 * nt + 2 * hi + e], scale_log2, -sub));
           s[4 * nt + 2 * hi + e] = pv;
           sum += pv;
         }
@@ -174,14 +177,14 @@ struct Consumer {
 
   // O += P V over the value columns of this warpgroup in buffer `b`.
   __device__ __forceinline__ void issue_pv_registers(const std::uint32_t (&a)[4][4], int b) {
-    const std::uint32_t v = s_base + kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes;
+    const mma::DescAddr v = s_base + (kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       mma::mma_rs<mma::RS_64x256_KMN>(a[ks], mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes), o);
   }
   __device__ __forceinline__ void issue_pv_smem(int p_offset, int b) {
-    const std::uint32_t v = s_base + kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes;
-    const std::uint32_t pa = s_base + p_offset;
+    const mma::DescAddr v = s_base + (kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes);
+    const mma::DescAddr pa = s_base + p_offset;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       mma::mma_ss<mma::SS_64x256_KMN>(mma::desc_k_major(pa + ks * 32), mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes),
@@ -208,6 +211,7 @@ struct Consumer {
 
   // An item starts from a zero O and softmax state.
   __device__ __forceinline__ void start_item() {
+    scale_log2 = item.p->softmax_scale * sm::kLog2e;
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = -INFINITY;
@@ -225,8 +229,6 @@ struct Consumer {
   }
 
   __device__ __forceinline__ void process(int& round, int& q_uses) {
-    const SparseMlaParams& p = *item.p;
-    const float scale_log2 = p.softmax_scale * sm::kLog2e;
     float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2][64]
     start_item();
     const int rounds = item.rounds;
@@ -247,7 +249,7 @@ struct Consumer {
 
       // ---- one running max for both warpgroups
       float mx[2], m_new[2];
-      mask_scale(valid_keys(round), scale_log2, mx);
+      mask_max(valid_keys(round), mx);
       if constexpr (kWg == 0) {
         m_new[0] = fmaxf(m_run[0], mx[0]);
         m_new[1] = fmaxf(m_run[1], mx[1]);
@@ -285,7 +287,10 @@ struct Consumer {
           m_final[hi] = max_pub[kRows + row(hi)];
           factor[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_final[hi]));
         }
-        store_p(kSmemP0, factor[0], factor[1]);
+        // Once the rows' maxima have settled the factors are 1 across the warp
+        // (as in rescale_o), and the 32 multiplies are skipped.
+        if (__all_sync(0xffffffffu, factor[0] == 1.f && factor[1] == 1.f)) store_p(kSmemP0, 1.f, 1.f);
+        else store_p(kSmemP0, factor[0], factor[1]);
         pl::named_arrive(kConsumerThreads, kP0Ready);
         mma::wait<0>();
         mma::fence_operands(o);
