@@ -6,6 +6,7 @@
 // m64nN tile, element 4*j + e of thread t (warp w = (t / 32) % 4, lane l) is
 // row 16*w + l/4 + 8*(e / 2), column 8*j + 2*(l % 4) + e % 2.
 #pragma once
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
@@ -131,6 +132,29 @@ __device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N]
   for (int kk = 0; kk < N / 8; ++kk)
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[kk][i] = softmax::pack_bf16x2(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
+}
+
+// Warp w's rows of an m64n64 fp32 accumulator (rows 16 w + l / 4 and + 8,
+// scaled by f0 and f1) as bf16 into a [64][64] 128-byte swizzled block at
+// `block` (the K-major A layout of sw128_offset), by stmatrix (CuTe's STSM
+// atom): one x4 per 16 columns stores the warp's four 8x8 matrices (rows +0 /
+// +8, columns +0 / +8); lane l gives the address of row l % 8 of matrix l / 8.
+// Four 16-byte rows of distinct swizzle chunks per matrix: no bank conflict
+// (4-byte stores in accumulator order took 16 instructions and their address
+// arithmetic, 2026-12-03).
+__device__ __forceinline__ void store_accumulator_sw128(const float (&d)[32], std::uint8_t* block, int warp, int lane,
+                                                        float f0, float f1) {
+  const int m = lane >> 3;                             // the matrix this lane addresses
+  const int row = 16 * warp + (lane & 7) + 8 * (m & 1);
+  std::uint8_t* row_start = block + row * 128;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // columns [16 j, 16 j + 16)
+    const int chunk = 2 * j + (m >> 1);
+    const float* a = d + 8 * j;  // n8 tiles 2 j and 2 j + 1
+    cute::SM90_U32x4_STSM_N::copy(softmax::pack_bf16x2(a[0] * f0, a[1] * f0), softmax::pack_bf16x2(a[2] * f1, a[3] * f1),
+                                  softmax::pack_bf16x2(a[4] * f0, a[5] * f0), softmax::pack_bf16x2(a[6] * f1, a[7] * f1),
+                                  *reinterpret_cast<cute::uint128_t*>(row_start + ((chunk ^ (lane & 7)) << 4)));
+  }
 }
 
 // The m64nNk16 bf16 -> fp32 atoms the kernels use, named <SS|RS>_64xN_<A major><B major>

@@ -153,8 +153,13 @@ struct FragmentCoords {
   int row_in_warp;  // lane / 4
   int col_pair;     // lane % 4
 
+  // The warpgroup index through a shuffle from lane 0 (CUTLASS's
+  // canonical_warp_group_idx): ptxas then knows it is warp-uniform and keeps
+  // the shared addresses derived from it, the wgmma descriptors among them, in
+  // uniform registers (from tid / 128 it built every descriptor in vector
+  // registers and moved both words over, four instructions each, 2026-12-03).
   __device__ explicit FragmentCoords(int tid)
-      : warpgroup(tid / 128), warp_in_wg(tid / 32 % 4), lane(tid % 32), row_in_warp(tid % 32 / 4),
+      : warpgroup(__shfl_sync(0xffffffffu, tid / 128, 0)), warp_in_wg(tid / 32 % 4), lane(tid % 32), row_in_warp(tid % 32 / 4),
         col_pair(tid % 4) {}
   __device__ int row() const { return warp_in_wg * 16 + row_in_warp; }
 };

@@ -162,16 +162,7 @@ struct Consumer {
 
   // P * factor as bf16 into a [64][64] swizzled block at smem offset `dst`.
   __device__ __forceinline__ void store_p(int dst, float factor0, float factor1) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int r = row(hi);
-      const float f = hi ? factor1 : factor0;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const std::uint32_t v = sm::pack_bf16x2(s[4 * nt + 2 * hi] * f, s[4 * nt + 2 * hi + 1] * f);
-        *reinterpret_cast<std::uint32_t*>(smem + dst + tile_offset(r, nt) + 4 * tq) = v;
-      }
-    }
+    mma::store_accumulator_sw128(s, smem + dst, warp, tid & 31, factor0, factor1);
     pl::fence_smem_for_mma();
   }
 
