@@ -134,25 +134,25 @@ __device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N]
     for (int i = 0; i < 4; ++i) a[kk][i] = softmax::pack_bf16x2(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
 }
 
-// Warp w's rows of an m64n64 fp32 accumulator (rows 16 w + l / 4 and + 8,
-// scaled by f0 and f1) as bf16 into a [64][64] 128-byte swizzled block at
-// `block` (the K-major A layout of sw128_offset), by stmatrix (CuTe's STSM
-// atom): one x4 per 16 columns stores the warp's four 8x8 matrices (rows +0 /
-// +8, columns +0 / +8); lane l gives the address of row l % 8 of matrix l / 8.
-// Four 16-byte rows of distinct swizzle chunks per matrix: no bank conflict
-// (4-byte stores in accumulator order took 16 instructions and their address
-// arithmetic, 2026-12-03).
-__device__ __forceinline__ void store_accumulator_sw128(const float (&d)[32], std::uint8_t* block, int warp, int lane,
-                                                        float f0, float f1) {
-  const int m = lane >> 3;                             // the matrix this lane addresses
+// Warp w's rows of a 64 x 64 bf16 A operand held as RS fragments
+// (a_fragments_from_accumulator of an m64n64 accumulator: a[j] covers columns
+// [16 j, 16 j + 16) of rows 16 w + l / 4 and + 8) into a [64][64] 128-byte
+// swizzled block at `block` (the K-major layout of sw128_offset), by stmatrix
+// (CuTe's STSM atom). The fragment order of a[j] is the order of stmatrix.x4's
+// four 8x8 matrices: (rows +0, columns +0), (+8, +0), (+0, +8), (+8, +8); lane
+// l gives the address of row l % 8 of matrix l / 8. Each matrix's eight
+// 16-byte rows lie in distinct swizzle chunks: no bank conflict (4-byte stores
+// in accumulator order took 16 instructions and their address arithmetic and
+// were most of the kernel's 28 M shared-store bank conflicts, 2026-12-03).
+__device__ __forceinline__ void store_a_fragments_sw128(const std::uint32_t (&a)[4][4], std::uint8_t* block, int warp,
+                                                        int lane) {
+  const int m = lane >> 3;  // the matrix this lane addresses
   const int row = 16 * warp + (lane & 7) + 8 * (m & 1);
   std::uint8_t* row_start = block + row * 128;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {  // columns [16 j, 16 j + 16)
+  for (int j = 0; j < 4; ++j) {
     const int chunk = 2 * j + (m >> 1);
-    const float* a = d + 8 * j;  // n8 tiles 2 j and 2 j + 1
-    cute::SM90_U32x4_STSM_N::copy(softmax::pack_bf16x2(a[0] * f0, a[1] * f0), softmax::pack_bf16x2(a[2] * f1, a[3] * f1),
-                                  softmax::pack_bf16x2(a[4] * f0, a[5] * f0), softmax::pack_bf16x2(a[6] * f1, a[7] * f1),
+    cute::SM90_U32x4_STSM_N::copy(a[j][0], a[j][1], a[j][2], a[j][3],
                                   *reinterpret_cast<cute::uint128_t*>(row_start + ((chunk ^ (lane & 7)) << 4)));
   }
 }

@@ -64,9 +64,6 @@ struct RolesConsumer : Consumer<kWg, true> {
 
   // Barrier parity of block i of the item whose first round is `round`.
   static __device__ __forceinline__ int phase(int round, int i) { return (round + (i >> 1)) & 1; }
-  // Signals warpgroup 1 that P_i and alpha_i of buffer b are in smem
-  // (mbarrier, 128 arrivals of warpgroup 0; the unpaired max_ready ones).
-  __device__ pl::Mbarrier* p_ready(int buffer) const { return bars.max_ready(buffer); }
   __device__ float* alpha_pub(int buffer) const { return reinterpret_cast<float*>(smem + kSmemAlpha) + buffer * kRows; }
 
   // All items of this CTA (Consumer::for_each_item). Warpgroup 1's row sums
@@ -121,16 +118,16 @@ struct RolesConsumer : Consumer<kWg, true> {
       softmax_to(m_new);  // rescales O by alpha, P into s, row sums, m_run = m_new
 
       // ---- hand P_i and alpha_i to warpgroup 1
-      store_p(roles_smem_p(b), 1.f, 1.f);  // ends with the proxy fence for its wgmma
+      std::uint32_t a[4][4];
+      mma::a_fragments_from_accumulator(s, a);
+      store_p(roles_smem_p(b), a);  // ends with the proxy fence for its wgmma
       if (tq == 0) {
         alpha_pub(b)[row(0)] = alpha[0];
         alpha_pub(b)[row(1)] = alpha[1];
       }
-      pl::arrive(p_ready(b));
+      pl::arrive(bars.p_ready(b));
 
       // ---- O += P_i V_i (registers), overlapped with the next S
-      std::uint32_t a[4][4];
-      mma::a_fragments_from_accumulator(s, a);
       mma::fence_operands(o);
       mma::fence();  // also for a block that does not exist (P = 0, see process_pv)
       issue_pv_registers(a, b);
@@ -165,7 +162,7 @@ struct RolesConsumer : Consumer<kWg, true> {
     const int n = 2 * item.rounds;
     for (int i = 0; i < n; ++i) {
       const int b = i & 1;
-      pl::wait(p_ready(b), phase(round, i));
+      pl::wait(bars.p_ready(b), phase(round, i));
       rescale_o(alpha_pub(b)[row(0)], alpha_pub(b)[row(1)]);
       mma::fence_operands(o);
       // Also for a block that does not exist: warpgroup 0 wrote its P as
