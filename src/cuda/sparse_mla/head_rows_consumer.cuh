@@ -90,10 +90,9 @@ struct Consumer {
     issue_s(kWg, round & 1, half, kFirst, live);
   }
 
-  // Bit 2 nt + e: key 8 nt + 2 tq + e of key buffer `buffer` is valid (flags
-  // of the producer; barrier parity `ph`).
-  __device__ __forceinline__ std::uint32_t valid_keys(int buffer, int ph) const {
-    pl::wait(bars.valid(buffer), ph);
+  // Bit 2 nt + e: key 8 nt + 2 tq + e of key buffer `buffer` is valid (the
+  // producer's flags, one byte of 0 / 1 a key).
+  __device__ __forceinline__ std::uint32_t valid_keys(int buffer) const {
     const std::uint8_t* flags = smem + kSmemValid + buffer * kBlockKeys + 2 * tq;
     std::uint32_t mask = 0;
 #pragma unroll
@@ -103,16 +102,30 @@ struct Consumer {
     }
     return mask;
   }
-  // The own buffer's flags in round `round`.
-  __device__ __forceinline__ std::uint32_t valid_keys(int round) const { return valid_keys(kWg, round & 1); }
+  // Whether all 64 keys of key buffer `buffer` are valid: four 16-byte loads
+  // of the flags, the same for every lane, ANDed (a quarter of the work of
+  // valid_keys, which only the blocks with an invalid key then need).
+  __device__ __forceinline__ bool all_keys_valid(int buffer) const {
+    const uint4* flags = reinterpret_cast<const uint4*>(smem + kSmemValid + buffer * kBlockKeys);
+    std::uint32_t all = ~0u;
+#pragma unroll
+    for (int i = 0; i < kBlockKeys / 16; ++i) {
+      const uint4 f = flags[i];
+      all &= f.x & f.y & f.z & f.w;
+    }
+    return all == 0x01010101u;
+  }
 
-  // Masks the invalid keys of S to -inf and returns the row maxima in the log2
+  // Waits for the flags of key buffer `buffer` (barrier parity `ph`), masks
+  // the invalid keys of S to -inf and returns the row maxima in the log2
   // domain. S stays raw: the scale is folded into softmax_to's exp2 (one FMA),
   // and as it is positive (check_scales) the maximum of the scaled scores is
-  // the scaled maximum. The masking is skipped where the whole warp's keys are
-  // valid (every block but an item's last one).
-  __device__ __forceinline__ void mask_max(std::uint32_t valid, float (&mx)[2]) {
-    if (!__all_sync(0xffffffffu, valid == 0xffffu)) {
+  // the scaled maximum. Only a block with an invalid key is masked (at S >=
+  // topk every block but an item's last is full).
+  __device__ __forceinline__ void mask_max(int buffer, int ph, float (&mx)[2]) {
+    pl::wait(bars.valid(buffer), ph);
+    if (!all_keys_valid(buffer)) {
+      const std::uint32_t valid = valid_keys(buffer);
 #pragma unroll
       for (int i = 0; i < 32; ++i)
         if (!((valid >> (2 * (i / 4) + (i & 1))) & 1u)) s[i] = -INFINITY;
@@ -246,7 +259,7 @@ struct Consumer {
       // -> bar.sync, and the slots, read here, are rewritten next round only
       // after p_ready, which both warpgroups also pass together.
       float mx[2], m_new[2];
-      mask_max(valid_keys(round), mx);
+      mask_max(kWg, round & 1, mx);
       if (tq == 0) {
         max_pub[kWg * kRows + row(0)] = mx[0];
         max_pub[kWg * kRows + row(1)] = mx[1];

@@ -57,7 +57,7 @@ template <int kWg>
 struct RolesConsumer : Consumer<kWg, true> {
   using Base = Consumer<kWg, true>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
-  using Base::row, Base::release, Base::issue_s, Base::valid_keys, Base::mask_max, Base::rescale_o,
+  using Base::row, Base::release, Base::issue_s, Base::mask_max, Base::rescale_o,
       Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
 
   __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm) : Base(b, sm) {}
@@ -109,7 +109,7 @@ struct RolesConsumer : Consumer<kWg, true> {
 
       // ---- softmax: the own running max, no exchange
       float mx[2], m_new[2], alpha[2];
-      mask_max(valid_keys(b, ph), mx);
+      mask_max(b, ph, mx);
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         m_new[hi] = fmaxf(m_run[hi], mx[hi]);
