@@ -124,14 +124,20 @@ __device__ __forceinline__ void mma_rs(const std::uint32_t (&a)[4], std::uint64_
 // The RS A operands of the k-steps over the N columns of an fp32 accumulator,
 // as bf16 pairs. Columns [16 kk, 16 kk + 16) of d are already laid out as the
 // A fragment of k-step kk (same rows per thread, same column pairs), so the
-// conversion is a pack: this is how P = softmax(S) feeds O += P V.
+// conversion is a pack: this is how P = softmax(S) feeds O += P V. Rows
+// 16 w + l / 4 (a[kk][0], a[kk][2]) are scaled by f_lo, rows + 8 by f_hi
+// (with the default 1 the multiplies fold away).
 template <int N>
-__device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N], std::uint32_t (&a)[N / 8][4]) {
+__device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N], std::uint32_t (&a)[N / 8][4],
+                                                             float f_lo = 1.f, float f_hi = 1.f) {
   static_assert(N % 8 == 0, "whole k16 steps");
 #pragma unroll
   for (int kk = 0; kk < N / 8; ++kk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[kk][i] = softmax::pack_bf16x2(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
+    for (int i = 0; i < 4; ++i) {
+      const float f = i % 2 == 0 ? f_lo : f_hi;
+      a[kk][i] = softmax::pack_bf16x2(d[8 * kk + 2 * i] * f, d[8 * kk + 2 * i + 1] * f);
+    }
 }
 
 // Warp w's rows of a 64 x 64 bf16 A operand held as RS fragments
@@ -143,7 +149,7 @@ __device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N]
 // l gives the address of row l % 8 of matrix l / 8. Each matrix's eight
 // 16-byte rows lie in distinct swizzle chunks: no bank conflict (4-byte stores
 // in accumulator order took 16 instructions and their address arithmetic and
-// were most of the kernel's 28 M shared-store bank conflicts, 2026-12-03).
+// were most of the sparse kernel's 28 M shared-store bank conflicts, 2026-12-03).
 __device__ __forceinline__ void store_a_fragments_sw128(const std::uint32_t (&a)[4][4], std::uint8_t* block, int warp,
                                                         int lane) {
   const int m = lane >> 3;  // the matrix this lane addresses

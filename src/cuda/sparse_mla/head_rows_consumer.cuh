@@ -234,7 +234,7 @@ struct Consumer {
   }
 
   __device__ __forceinline__ void process(int& round, int& q_uses) {
-    float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2 warpgroups][64]: block row maxima
+    float* max_pub = reinterpret_cast<float*>(smem + kSmemMax);  // [2][64]
     start_item();
     const int rounds = item.rounds;
     if (rounds == 0) return;
@@ -252,21 +252,27 @@ struct Consumer {
       else release(1, kLo);
       if (!more) pl::arrive(bars.q_empty());
 
-      // ---- one running max for both warpgroups: each publishes the maxima of
-      // its own block and takes the other's, so both compute the same m_new
-      // and a P that needs no second rescale. Both sides wait (barrier.sync):
-      // compute-sanitizer's racecheck follows that ordering, not bar.arrive
-      // -> bar.sync, and the slots, read here, are rewritten next round only
-      // after p_ready, which both warpgroups also pass together.
+      // ---- one running max for both warpgroups
       float mx[2], m_new[2];
       mask_max(kWg, round & 1, mx);
-      if (tq == 0) {
-        max_pub[kWg * kRows + row(0)] = mx[0];
-        max_pub[kWg * kRows + row(1)] = mx[1];
+      if constexpr (kWg == 0) {
+        m_new[0] = fmaxf(m_run[0], mx[0]);
+        m_new[1] = fmaxf(m_run[1], mx[1]);
+        if (tq == 0) {
+          max_pub[row(0)] = m_new[0];
+          max_pub[row(1)] = m_new[1];
+        }
+        pl::arrive(bars.max_ready(0));
+      } else {
+        pl::wait(bars.max_ready(0), round & 1);
+        m_new[0] = fmaxf(max_pub[row(0)], mx[0]);
+        m_new[1] = fmaxf(max_pub[row(1)], mx[1]);
+        if (tq == 0) {
+          max_pub[kRows + row(0)] = m_new[0];
+          max_pub[kRows + row(1)] = m_new[1];
+        }
+        pl::arrive(bars.max_ready(1));
       }
-      pl::named_sync_unaligned(kConsumerThreads, kMaxReady);  // reached from both template instances
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) m_new[hi] = fmaxf(m_run[hi], fmaxf(mx[hi], max_pub[kOther * kRows + row(hi)]));
       softmax_to(m_new);
 
       // ---- O += P_own V_own (registers), share P_own, O += P_other V_other (smem)
@@ -278,25 +284,49 @@ struct Consumer {
         issue_pv_registers(a, kWg);
       }
       mma::commit();
-      store_p(kWg == 0 ? kSmemP0 : kSmemP1, a);
-      pl::named_sync_unaligned(kConsumerThreads, kPReady);
       if constexpr (kWg == 0) {
+        pl::wait(bars.max_ready(1), round & 1);
+        float factor[2], m_final[2];
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          m_final[hi] = max_pub[kRows + row(hi)];
+          factor[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_final[hi]));
+        }
+        // Once the rows' maxima have settled the factors are 1 across the warp
+        // (as in rescale_o): P_0 is stored from the fragments its own P V used.
+        if (__all_sync(0xffffffffu, factor[0] == 1.f && factor[1] == 1.f)) {
+          store_p(kSmemP0, a);
+        } else {
+          std::uint32_t scaled[4][4];
+          mma::a_fragments_from_accumulator(s, scaled, factor[0], factor[1]);
+          store_p(kSmemP0, scaled);
+        }
+        pl::named_arrive(kConsumerThreads, kP0Ready);
+        mma::wait<0>();
+        mma::fence_operands(o);
+        release(0, kLo);
+        rescale_o(factor[0], factor[1]);
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          l_part[hi] *= factor[hi];
+          m_run[hi] = m_final[hi];
+        }
+        pl::named_sync(kConsumerThreads, kP1Ready);
         if (second_block(r)) {
           pl::fence_smem_for_mma();  // buffer 1, whose full wait warpgroup 1 made
           mma::fence();
           issue_pv_smem(kSmemP1, 1);
         }
         mma::commit();
-        mma::wait<1>();
-        mma::fence_operands(a);
-        release(0, kLo);  // P_0 V_0 done: its last read of buffer 0 lo
       } else {
+        store_p(kSmemP1, a);
+        pl::named_arrive(kConsumerThreads, kP1Ready);
+        pl::named_sync(kConsumerThreads, kP0Ready);
         pl::fence_smem_for_mma();  // buffer 0, whose full wait warpgroup 0 made
         mma::fence();
         issue_pv_smem(kSmemP0, 0);
         mma::commit();
         mma::wait<1>();
-        mma::fence_operands(a);
         release(1, kHi);  // P_1 V_1 done: its last read of buffer 1 hi
       }
 

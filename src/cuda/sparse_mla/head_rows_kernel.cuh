@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
         pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
-    for (int b = 0; b < 2; ++b) pl::init(bars.p_ready(b), 128);
+    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired: p_ready(buffer w)
     pl::fence_init();
   }
   // Paired, the peer arrives on these barriers and writes this tile: both

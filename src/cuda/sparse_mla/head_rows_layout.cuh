@@ -13,10 +13,10 @@
 // accumulates O[:, 256w, +256) over both blocks of a round:
 //   O_w += P_w V_w[:, cols of w]        A = P_w from registers (RS)
 //   O_w += P_o V_o[:, cols of w]        A = P of the other warpgroup, from smem
-// The two warpgroups agree on one running maximum per round: each publishes
-// the row maxima of its block and both take max(m, rowmax S_0, rowmax S_1),
-// so P_0 and P_1 are final when stored. Row sums stay per warpgroup until
-// the epilogue.
+// The two warpgroups agree on one running maximum per round: warpgroup 0
+// publishes max(m, rowmax S_0), warpgroup 1 publishes the max of that and
+// rowmax S_1, and warpgroup 0 rescales its P_0 (already used for its own half)
+// before publishing it. Row sums stay per warpgroup until the epilogue.
 //
 // Paired CTAs (fp8 caches, an even number of head blocks, e.g. H 128): the
 // two head blocks of a token read the same keys, and an fp8 producer's
@@ -75,24 +75,22 @@ inline constexpr int kLoBlocks = 4;  // dims [0, 256): the value columns of warp
 enum Half : int { kLo = 0, kHi = 1 };
 __host__ __device__ constexpr int empty_arrivals(int buffer, int half) { return buffer == half ? 128 : 256; }
 
-// Named barriers between the consumer warpgroups (ids for pipeline::named_*),
-// passed by both with barrier.sync (the unaligned form: the two warpgroups
-// are different template instances): the block row maxima are published
-// (kMaxReady), both Ps are in smem (kPReady), the row sums (kSumsReady).
-// Not bar.arrive on one side: a value written before bar.arrive and read
-// after the peer's bar.sync is ordered by the hardware, but compute-sanitizer's
-// racecheck reports it as a hazard.
-enum NamedBarrier : int { kMaxReady = 0, kPReady = 1, kSumsReady = 2 };
+// Named barriers between the consumer warpgroups (ids for pipeline::named_*).
+// The row maxima go through mbarriers instead (Barriers::max_ready): a value
+// written before bar.arrive and read after the peer's bar.sync is ordered by
+// the hardware, but compute-sanitizer's racecheck reports it as a hazard,
+// while it follows mbarrier arrive/wait.
+enum NamedBarrier : int { kP0Ready = 0, kP1Ready = 1, kSumsReady = 2 };
 
 // Byte offsets from a 1024-byte aligned base (swizzle atoms need it).
 inline constexpr int kSmemQ = 0;
 inline constexpr int kSmemK = kSmemQ + kTileBytes;                 // [2] key buffers
 inline constexpr int kSmemP0 = kSmemK + (kDimBlocks - 1) * kBlockBytes;  // in buffer 0's rope block
 inline constexpr int kSmemP1 = kSmemK + 2 * kTileBytes;
-inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: block row maxima per warpgroup
+inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: published row maxima
 inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2 items][2][64]: row sums per warpgroup
 inline constexpr int kSmemValid = kSmemSum + 4 * kRows * 4;  // uint8 [2][64]: key of buffer b is valid
-inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], p_ready[2]
+inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], max_ready[2]
 inline constexpr int kNumBars = 14;
 inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr int kSmemAlign = 1024;

@@ -64,6 +64,9 @@ struct RolesConsumer : Consumer<kWg, true> {
 
   // Barrier parity of block i of the item whose first round is `round`.
   static __device__ __forceinline__ int phase(int round, int i) { return (round + (i >> 1)) & 1; }
+  // Signals warpgroup 1 that P_i and alpha_i of buffer b are in smem
+  // (mbarrier, 128 arrivals of warpgroup 0; the unpaired max_ready ones).
+  __device__ pl::Mbarrier* p_ready(int buffer) const { return bars.max_ready(buffer); }
   __device__ float* alpha_pub(int buffer) const { return reinterpret_cast<float*>(smem + kSmemAlpha) + buffer * kRows; }
 
   // All items of this CTA (Consumer::for_each_item). Warpgroup 1's row sums
@@ -125,7 +128,7 @@ struct RolesConsumer : Consumer<kWg, true> {
         alpha_pub(b)[row(0)] = alpha[0];
         alpha_pub(b)[row(1)] = alpha[1];
       }
-      pl::arrive(bars.p_ready(b));
+      pl::arrive(p_ready(b));
 
       // ---- O += P_i V_i (registers), overlapped with the next S
       mma::fence_operands(o);
@@ -162,7 +165,7 @@ struct RolesConsumer : Consumer<kWg, true> {
     const int n = 2 * item.rounds;
     for (int i = 0; i < n; ++i) {
       const int b = i & 1;
-      pl::wait(bars.p_ready(b), phase(round, i));
+      pl::wait(p_ready(b), phase(round, i));
       rescale_o(alpha_pub(b)[row(0)], alpha_pub(b)[row(1)]);
       mma::fence_operands(o);
       // Also for a block that does not exist: warpgroup 0 wrote its P as

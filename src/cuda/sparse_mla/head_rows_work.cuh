@@ -122,9 +122,8 @@ struct Barriers {
   __device__ pl::Mbarrier* empty(int buffer, int half) const { return base + 6 + 2 * buffer + half; }
   // The producer's per-key valid flags of a buffer (16 arrivals: one thread per row group).
   __device__ pl::Mbarrier* valid(int buffer) const { return base + 10 + buffer; }
-  // Paired kernel: warpgroup 0 has put P and alpha of key buffer b in smem
-  // (128 arrivals; head_rows_roles_consumer.cuh). Unused unpaired.
-  __device__ pl::Mbarrier* p_ready(int buffer) const { return base + 12 + buffer; }
+  // Consumer warpgroup w has published its row maxima of the round (128 arrivals).
+  __device__ pl::Mbarrier* max_ready(int wg) const { return base + 12 + wg; }
 };
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows
