@@ -245,7 +245,6 @@ struct Consumer {
 
     for (int r = 0; r < rounds; ++r, ++round) {
       const bool more = r + 1 < rounds;
-      const bool own_live = kWg == 0 || second_block(r);
       // S of round r is done: its last read of one half of the own buffer, and
       // after the item's last round, of the query.
       if constexpr (kWg == 0) release(0, kHi);
@@ -276,15 +275,20 @@ struct Consumer {
       softmax_to(m_new);
 
       // ---- O += P_own V_own (registers), share P_own, O += P_other V_other (smem)
+      // The order of the four products on the tensor pipe frees the key
+      // buffer halves in the producer's refill order (0 lo, 0 hi, 1 hi, 1 lo):
+      // P_0 V_0 (warpgroup 0), then warpgroup 1's P_0 V_0 before its own P_1
+      // V_1, then warpgroup 0's P_1 V_1. Buffer 0 hi, which the next S_0
+      // needs, is so refilled while two products still run (when warpgroup 1
+      // took its own product first, 0 hi came free last and its load latency
+      // stood between the rounds).
       std::uint32_t a[4][4];
       mma::a_fragments_from_accumulator(s, a);
       mma::fence_operands(o);
-      if (own_live) {  // else P = 0
-        mma::fence();
-        issue_pv_registers(a, kWg);
-      }
-      mma::commit();
       if constexpr (kWg == 0) {
+        mma::fence();
+        issue_pv_registers(a, 0);
+        mma::commit();
         pl::wait(bars.max_ready(1), round & 1);
         float factor[2], m_final[2];
 #pragma unroll
@@ -326,31 +330,35 @@ struct Consumer {
         mma::fence();
         issue_pv_smem(kSmemP0, 0);
         mma::commit();
+        // Also without a block in buffer 1 (the last round of an odd block
+        // count): its P is 0 (all keys invalid) and the producer zero-filled
+        // its values, so the product adds 0; a condition around a product
+        // issued behind another would make ptxas serialise them.
+        issue_pv_registers(a, 1);
+        mma::commit();
         mma::wait<1>();
-        release(1, kHi);  // P_1 V_1 done: its last read of buffer 1 hi
+        release(0, kHi);  // P_0 V_0 done: the last read of buffer 0 hi
       }
 
       // ---- the next S. Warpgroup 0 overlaps it with P_1 V_1: the first half
-      // it reads (0 lo) was released mid-round and is refilled first (see the
-      // producer's order). Warpgroup 1 released its first half (1 hi) only
-      // just now, and the producer refills 1 hi, then 0 hi, then 1 lo: were it
-      // to wait for 1 hi while still holding 0 hi (P_0 V_0), the refills of
-      // 0 hi and 1 lo, which both warpgroups' next S need, would start only
-      // after 1 hi had landed, two load latencies in a row per round. So it
-      // finishes P_0 V_0 and releases 0 hi before any wait.
-      const int other_half = kWg == 0 ? kLo : kHi;  // of the other buffer, read by P_other V_other
+      // it reads (0 lo) came free first this round. Warpgroup 1 finishes its
+      // own P_1 V_1 and releases 1 hi (the last of its reads of buffer 1)
+      // first; its next S starts on that half, refilled while warpgroup 0's
+      // P_1 V_1 and next S run.
       if (!more) {
         mma::wait<0>();
-        release(kOther, other_half);
+        if constexpr (kWg == 0) release(1, kLo);
+        else release(1, kHi);
       } else if constexpr (kWg == 1) {
         mma::wait<0>();
-        release(kOther, other_half);
+        mma::fence_operands(a);
+        release(1, kHi);
         compute_s(round + 1, second_block(r + 1));
       } else {  // warpgroup 0: buffer 0 holds a block in every round
         issue_s_half(round + 1, kFirst, true);
         mma::commit();
         mma::wait<1>();
-        release(kOther, other_half);
+        release(1, kLo);  // P_1 V_1 done
         issue_s_half(round + 1, kSecond, true);
         mma::commit();
         mma::wait<0>();

@@ -167,11 +167,12 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       };
 
       for (int r = 0; r < w.rounds; ++r, ++round) {
-        // The order the consumers need them: S_0 reads lo then hi, S_1 hi then lo.
+        // The order the consumers free them (head_rows_consumer.cuh, the
+        // products of a round): 0 lo, 0 hi, 1 hi, 1 lo.
         const bool more = r + 1 < w.rounds;
-        gather.template operator()<0, kLo, 1, kHi>(true);
-        gather.template operator()<1, kHi, 0, kHi>(true);
-        gather.template operator()<0, kHi, 1, kLo>(true);
+        gather.template operator()<0, kLo, 0, kHi>(true);
+        gather.template operator()<0, kHi, 1, kHi>(true);
+        gather.template operator()<1, kHi, 1, kLo>(true);
         // Buffer 0's slots of the next round, needed by the chained loads of the
         // last gather; the next item's (after the round) are not chained.
         if (more) load_slots(w, 0, 2 * (r + 1));
