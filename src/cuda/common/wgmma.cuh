@@ -147,9 +147,9 @@ __device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N]
 // (CuTe's STSM atom). The fragment order of a[j] is the order of stmatrix.x4's
 // four 8x8 matrices: (rows +0, columns +0), (+8, +0), (+0, +8), (+8, +8); lane
 // l gives the address of row l % 8 of matrix l / 8. Each matrix's eight
-// 16-byte rows lie in distinct swizzle chunks: no bank conflict (4-byte stores
-// in accumulator order took 16 instructions and their address arithmetic and
-// were most of the sparse kernel's 28 M shared-store bank conflicts, 2026-12-03).
+// 16-byte rows lie in distinct swizzle chunks, so a matrix is one wavefront.
+// (4-byte stores in accumulator order took 16 instructions a warp and as many
+// swizzled addresses, 2026-12-03.)
 __device__ __forceinline__ void store_a_fragments_sw128(const std::uint32_t (&a)[4][4], std::uint8_t* block, int warp,
                                                         int lane) {
   const int m = lane >> 3;  // the matrix this lane addresses

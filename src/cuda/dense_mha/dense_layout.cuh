@@ -159,7 +159,10 @@ struct FragmentCoords {
   // uniform registers (from tid / 128 it built every descriptor in vector
   // registers and moved both words over, four instructions each, 2026-12-03).
   __device__ explicit FragmentCoords(int tid)
-      : warpgroup(__shfl_sync(0xffffffffu, tid / 128, 0)), warp_in_wg(tid / 32 % 4), lane(tid % 32), row_in_warp(tid % 32 / 4),
+      : warpgroup(__shfl_sync(0xffffffffu, tid / 128, 0)),
+        warp_in_wg(tid / 32 % 4),
+        lane(tid % 32),
+        row_in_warp(tid % 32 / 4),
         col_pair(tid % 4) {}
   __device__ int row() const { return warp_in_wg * 16 + row_in_warp; }
 };

@@ -137,7 +137,7 @@ struct Consumer {
     mx[1] = sm::quad_max(mx[1]) * scale_log2;
   }
 
-  // P = exp2(S - m_new), O and the row sums rescaled from m_run to m_new.
+  // P = exp2(S scale_log2 - m_new), O and the row sums rescaled from m_run to m_new.
   // O rows r0, r0 + 8 times f0, f1. Once a row's maximum has settled the
   // factors are 1 across the warp, and the 128 multiplies are skipped.
   __device__ __forceinline__ void rescale_o(float f0, float f1) {
@@ -307,6 +307,7 @@ struct Consumer {
         }
         pl::named_arrive(kConsumerThreads, kP0Ready);
         mma::wait<0>();
+        mma::fence_operands(a);
         mma::fence_operands(o);
         release(0, kLo);
         rescale_o(factor[0], factor[1]);
