@@ -9,16 +9,25 @@ taken with `--set full` (scripts/gpu-profile.sh writes it). Prints:
   * the kernel cut into phases at every block or cluster barrier (BAR.SYNC,
     UCGABAR_WAIT) and at EXIT, each with its share of the samples and its executed
     warp instructions (phases under 1 % of the samples are left out);
+  * the samples at each mbarrier wait, grouped by the barrier's shared-memory
+    offset (the immediate of the try-wait's address: a kernel's barriers sit at
+    fixed offsets, so the offset names the barrier whichever register holds the
+    base), each try-wait counted with the branch that retries it;
   * the N instructions with the most samples (default 20), with their executed count.
 A phase is a stretch of the SASS between barriers in address order, so a loop's
 body and its barrier land in one phase; in warp-specialised kernels (mbarrier
 waits, no block barrier in the main loop) the whole main loop is one phase and the
-top instructions say more. Used for the indexer top-k (src/cuda/indexer/NOTES.md,
-"Top-k v3").
+top instructions and the mbarrier waits say more. Used for the indexer top-k
+(src/cuda/indexer/NOTES.md, "Top-k v3") and the sparse prefill round
+(src/cuda/sparse_mla/NOTES.md, "Profile of the round after the cuts").
 """
 import collections
 import csv
+import re
 import sys
+
+# SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR10+0x386a8], R3: the barrier's offset is the last immediate of the address.
+TRY_WAIT = re.compile(r"TRYWAIT\b.*\[[^\]]*?(0x[0-9a-fA-F]+)\]")
 
 
 def main():
@@ -67,6 +76,22 @@ def main():
                 print(f"| {start[-5:]} | {r[col['Address']][-5:]} | {source.split(' ;')[0][:24]} | "
                       f"{100 * samples / total:.1f} | {executed} |")
             start, samples, executed = None, 0, 0
+
+    waits = collections.Counter()
+    sites = collections.Counter()
+    for i, r in enumerate(data):
+        m = TRY_WAIT.search(r[col["Source"]])
+        if m:
+            retry = data[i + 1] if i + 1 < len(data) and "BRA" in data[i + 1][col["Source"]] else None
+            waits[m.group(1)] += num(r, "# Samples") + (num(retry, "# Samples") if retry else 0)
+            sites[m.group(1)] += 1
+    if waits:
+        print("\nmbarrier waits (try-wait + its retry branch), by barrier offset:")
+        print("| barrier offset | wait sites | samples % |")
+        print("|---|---:|---:|")
+        for offset, samples in waits.most_common():
+            if 100 * samples / total >= 0.1:
+                print(f"| {offset} | {sites[offset]} | {100 * samples / total:.1f} |")
 
     print(f"\ntop {top} instructions by samples:")
     print("| address | samples % | executed | instruction |")
