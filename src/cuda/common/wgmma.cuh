@@ -140,6 +140,18 @@ __device__ __forceinline__ void a_fragments_from_accumulator(const float (&d)[N]
     }
 }
 
+// An fp32 accumulator's rows times a factor each: rows 16 w + l / 4 (elements
+// 4 j, 4 j + 1) times f_lo, rows + 8 (4 j + 2, 4 j + 3) times f_hi, as an
+// online softmax rescales O. Once the rows' maxima have settled both factors
+// are exactly 1 (exp2 of a value minus itself) across the warp and the
+// multiplies are skipped. Every lane of the warp must call it (a vote).
+template <int N>
+__device__ __forceinline__ void scale_accumulator_rows(float (&d)[N], float f_lo, float f_hi) {
+  if (__all_sync(0xffffffffu, f_lo == 1.f && f_hi == 1.f)) return;
+#pragma unroll
+  for (int i = 0; i < N; ++i) d[i] *= (i / 2) % 2 == 0 ? f_lo : f_hi;
+}
+
 // Warp w's rows of a 64 x 64 bf16 A operand held as RS fragments
 // (a_fragments_from_accumulator of an m64n64 accumulator: a[j] covers columns
 // [16 j, 16 j + 16) of rows 16 w + l / 4 and + 8) into a [64][64] 128-byte

@@ -153,7 +153,7 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
     if (it + 1 == w.key_tiles) pl::arrive(bars.q_empty());          // the unit's last S done: its Q is free
     if constexpr (kPv) pl::arrive(bars.empty_v(stage_of(g + it - 1)));  // P V of the previous tile done: its V is free
     if (live) {
-      rescale_o(o, alpha);
+      mma::scale_accumulator_rows(o, alpha[0], alpha[1]);  // every lane: live is uniform per warpgroup
       mma::a_fragments_from_accumulator(s, p_frag);
     } else {
       zero_p();

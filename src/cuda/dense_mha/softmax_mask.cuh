@@ -68,14 +68,4 @@ struct OnlineSoftmax {
   }
 };
 
-// O rows row() and row() + 8 (elements 2r, 2r + 1 of every n8 block) times alpha[r].
-// Once the rows' maxima have settled the factors are exactly 1 (the same
-// product subtracted from itself) across the warp, and the 64 multiplies are
-// skipped. Every lane of the warp calls it (live is uniform per warpgroup).
-__device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&alpha)[2]) {
-  if (__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
-#pragma unroll
-  for (int i = 0; i < kORegs; ++i) o[i] *= alpha[(i / 2) % 2];
-}
-
 }  // namespace dsmla::cuda::dense_mha_detail

@@ -138,18 +138,8 @@ struct Consumer {
   }
 
   // P = exp2(S scale_log2 - m_new), O and the row sums rescaled from m_run to m_new.
-  // O rows r0, r0 + 8 times f0, f1. Once a row's maximum has settled the
-  // factors are 1 across the warp, and the 128 multiplies are skipped.
-  __device__ __forceinline__ void rescale_o(float f0, float f1) {
-    if (__all_sync(0xffffffffu, f0 == 1.f && f1 == 1.f)) return;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j] *= f0;
-      o[4 * j + 1] *= f0;
-      o[4 * j + 2] *= f1;
-      o[4 * j + 3] *= f1;
-    }
-  }
+  // O rows r0, r0 + 8 times f0, f1 (skipped once the maxima have settled).
+  __device__ __forceinline__ void rescale_o(float f0, float f1) { mma::scale_accumulator_rows(o, f0, f1); }
 
   __device__ __forceinline__ void softmax_to(const float (&m_new)[2]) {
     float alpha[2];
