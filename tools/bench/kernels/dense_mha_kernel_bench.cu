@@ -2,13 +2,14 @@
 // (src/cuda/dense_mha). Built with the CUDA build as build/dense_mha_kernel_bench
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   build/dense_mha_kernel_bench [results.txt]
+//   build/dense_mha_kernel_bench [--own-inputs] [results.txt]
 //
 // Shapes: T = 16384 query tokens in causal sequences of S (ctx 0), S in
 // {256, 512, 1024, 2048, 4096} (the anchors' dense shapes), H in {128, 16}, plus a cached-prefix case (8 x 1024 new
 // tokens over 3072 cached, H 128). Inputs are several times the L2 and come
-// from a hash, so the CPU reference recomputes any element without copying the
-// tensors back; the values are k/64 or k/128 with |k| <= 128, exact in bf16.
+// from a hash (synthetic_inputs.hpp), so the CPU reference recomputes any
+// element without copying the tensors back; by default they are made as
+// anchors_bench.py makes the anchors' (see g_own_inputs).
 // Each case: spot-check some (row, head) pairs against a double-precision
 // reference (output and lse), then the median of 30 CUDA-event timings after 5
 // warm-up launches. FLOPs = 2 * causal pairs (diagonal included) * H * (192 + 128).
@@ -26,6 +27,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
+#include "synthetic_inputs.hpp"
 
 namespace {
 
@@ -35,29 +37,28 @@ using dsmla::cuda::DenseMhaWorkItem;
 
 enum Tensor : std::uint32_t { kQ = 1, kKvUp = 2, kLatent = 3 };
 
-// Deterministic value of element `index` of tensor `tensor`: uniform in
-// [-2, 2) (q) or [-1, 1) (k, v), rounded to bf16 here (to nearest, even), so
-// the value the kernel reads is exactly the one the reference uses. Every
-// mantissa bit is random, as in dsmla bench and the anchors: with the short
-// mantissas this harness used before 2026-12-03 (multiples of 1/64), the same
-// kernel ran 0-14 % faster here than in dsmla bench of the same call.
-__host__ __device__ inline float synth(std::uint32_t tensor, std::uint64_t index) {
-  std::uint64_t x = index * 0x9E3779B97F4A7C15ull + tensor * 0xD1B54A32D192ED03ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  float u = static_cast<float>(static_cast<std::int64_t>(x >> 40)) / 8388608.f - 1.f;  // 24 random bits
-  std::uint32_t bits;
-  std::memcpy(&bits, &u, 4);
-  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  std::memcpy(&u, &bits, 4);
+// How the inputs are made: as anchors_bench.py makes FlashAttention-3's and
+// cuDNN's (standard normal q, k, v; softmax scale 192^-0.5), or as this
+// harness did before 2026-12-04 (--own-inputs: uniform q in [-2, 2), k and v
+// in [-1, 1); DeepSeek-V3.2's scale). Both with every mantissa bit random:
+// with the short mantissas this harness used before 2026-12-03 (multiples of
+// 1/64), the same kernel ran 0-14 % faster here than in dsmla bench.
+bool g_own_inputs = false;
+
+// Element `index` of tensor `tensor`, rounded to bf16 here so the value the
+// kernel reads is exactly the one the reference uses.
+__host__ __device__ inline float synth(std::uint32_t tensor, std::uint64_t index, bool own) {
+  using namespace dsmla::bench;
+  if (!own) return round_to_bf16_value(normal_of(tensor, index));
+  const float u = round_to_bf16_value(uniform_of_hash(element_hash(tensor, index)));
   return tensor == kQ ? 2.f * u : u;
 }
+float synth(std::uint32_t tensor, std::uint64_t index) { return synth(tensor, index, g_own_inputs); }
 
-__global__ void fill_kernel(__nv_bfloat16* dst, std::uint64_t n, std::uint32_t tensor) {
+__global__ void fill_kernel(__nv_bfloat16* dst, std::uint64_t n, std::uint32_t tensor, bool own) {
   for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::uint64_t(gridDim.x) * blockDim.x)
-    dst[i] = __float2bfloat16(synth(tensor, i));
+    dst[i] = __float2bfloat16(synth(tensor, i, own));
 }
 
 struct Case {
@@ -123,10 +124,20 @@ int main(int argc, char** argv) {
     for (int seq : {256, 512, 1024, 2048, 4096}) cases.push_back(uniform_case(seq, heads, tokens));
   cases.push_back(prefix_case());
 
-  std::FILE* results = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
-  // DeepSeek-V3.2's scale, 192^-0.5 * mscale^2 (DESIGN §1); types.cpp is not linked here.
-  const double mscale = 0.1 * std::log(40.0) + 1.0;
+  std::FILE* results = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
+    else if (results == nullptr && argv[i][0] != '-') results = std::fopen(argv[i], "w");
+    else {
+      std::fprintf(stderr, "unexpected argument '%s' (expected [--own-inputs] [results.txt])\n", argv[i]);
+      return 2;
+    }
+  }
+  // The anchors' scale, 192^-0.5 (FlashAttention-3's and SDPA's default); with
+  // --own-inputs DeepSeek-V3.2's, 192^-0.5 * mscale^2 (DESIGN §1; types.cpp is not linked here).
+  const double mscale = g_own_inputs ? 0.1 * std::log(40.0) + 1.0 : 1.0;
   const float scale = static_cast<float>(mscale * mscale / std::sqrt(192.0));
+  std::printf("inputs: %s\n", g_own_inputs ? "own (uniform, DeepSeek-V3.2 scale)" : "as anchors_bench.py (normal, scale 192^-0.5)");
   int failures = 0;
   std::printf("%-18s %5s %4s %9s %9s %11s %11s\n", "case", "S", "H", "ms", "TFLOP/s", "max|dout|", "max|dlse|");
 
@@ -159,9 +170,9 @@ int main(int argc, char** argv) {
     DSMLA_CUDA_CHECK(cudaMalloc(&unit_counter, sizeof(std::int32_t)));
     DSMLA_CUDA_CHECK(cudaMemcpy(d_req, dreq.data(), dreq.size() * sizeof(DenseMhaRequest), cudaMemcpyHostToDevice));
     DSMLA_CUDA_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(DenseMhaWorkItem), cudaMemcpyHostToDevice));
-    fill_kernel<<<2048, 256>>>(q, nq, kQ);
-    fill_kernel<<<2048, 256>>>(kv_up, nkv, kKvUp);
-    fill_kernel<<<2048, 256>>>(latent, nlat, kLatent);
+    fill_kernel<<<2048, 256>>>(q, nq, kQ, g_own_inputs);
+    fill_kernel<<<2048, 256>>>(kv_up, nkv, kKvUp, g_own_inputs);
+    fill_kernel<<<2048, 256>>>(latent, nlat, kLatent, g_own_inputs);
     DSMLA_CUDA_CHECK(cudaMemset(out, 0xFF, std::uint64_t(T) * H * 128 * 2));  // NaN poison
     DSMLA_CUDA_CHECK(cudaMemset(lse, 0xFF, std::uint64_t(T) * H * 4));
 

@@ -2,21 +2,22 @@
 // (src/cuda/sparse_mla). Built with the CUDA build as build/sparse_mla_kernel_bench
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   build/sparse_mla_kernel_bench [--quick | --small-heads] [--case TEXT]
+//   build/sparse_mla_kernel_bench [--quick | --small-heads] [--case TEXT] [--own-inputs]
 //
 // --small-heads: the H 16 / 32 cases next to H 128.
 // --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
 // H128 B128"), so a profiler sees one case's launches.
 //
-// Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S = 1024,
-// token at position p attends to min(p + 1, topk) positions of its sequence
-// (valid entries first, in random order), topk 2048; decode = one token per
-// request over an 8192-token context, 2048 random valid positions each.
-// Inputs come from a hash on the device (cache bytes are random values of the
-// format: e4m3 codes without NaN, positive tile scales). Each case: the outputs
-// of a few tokens (all heads) are checked against a double-precision CPU
-// reference (dequantised with src/format), then the median of 20 CUDA-event
-// timings after 3 warm-ups. FLOPs = 2 * valid indices * H * (576 + 512).
+// Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S,
+// token at position p attends to min(p + 1, topk) positions of its sequence,
+// topk 2048; decode = one token per request over an 8192-token context, 2048
+// positions each. The sets, the inputs and the softmax scale are made as
+// anchors_bench.py makes FlashMLA's unless --own-inputs (g_own_inputs says
+// how). Inputs come from a hash on the device. Each case: the outputs of a
+// few tokens (all heads) are checked against a double-precision CPU reference
+// (dequantised with src/format), then the median of 30 CUDA-event timings
+// after 5 warm-ups, each synchronised (as anchors_bench.py times).
+// FLOPs = 2 * valid indices * H * (576 + 512).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,55 +36,67 @@
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
+#include "synthetic_inputs.hpp"
 
 namespace {
 
 using dsmla::CacheFormat;
 using dsmla::cuda::SparseMlaParams;
 
-__host__ __device__ inline std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 32;
-  return x;
-}
+using dsmla::bench::mix64;
+
+// How the inputs are made (Inputs): as anchors_bench.py makes FlashMLA's
+// (the default), or as this harness did before 2026-12-04 (--own-inputs).
+//   anchors: prefill sets of the ANCHORS workload (token at position p: 0..p
+//     in order while p < topk, else topk positions drawn uniformly, with
+//     repeats, from 0..p); decode positions drawn uniformly, with repeats,
+//     from the 8192-token context, over a shuffled block table (block 64);
+//     standard normal query and bf16 cache values; fp8_ds_mla codes masked
+//     to 0x77 with tile scales 0.01; softmax scale 576^-0.5.
+//   own: prefill sets = the last min(p + 1, topk) positions up to p in random
+//     order; decode = 2048 distinct random positions; uniform query in
+//     [-1.5, 1.5] and cache values in [-1, 1], random finite e4m3 codes, tile
+//     scales in [0.5, 1.5] / 448; DeepSeek-V3.2's softmax scale.
+bool g_own_inputs = false;
 
 // Uniform in [-amp, amp] as bf16 bits.
 __device__ inline std::uint16_t rand_bf16(std::uint64_t h, float amp) {
   const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f) * 2.f - 1.f;
   return __bfloat16_as_ushort(__float2bfloat16(u * amp));
 }
-
-__global__ void fill_bf16_kernel(std::uint16_t* dst, std::uint64_t n, std::uint64_t seed, float amp) {
-  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::uint64_t(gridDim.x) * blockDim.x)
-    dst[i] = rand_bf16(mix(i * 0x9E3779B97F4A7C15ull + seed), amp);
+// Element i of a tensor seeded `seed`: uniform in [-amp, amp] (own inputs) or standard normal (the anchors').
+__device__ inline std::uint16_t random_bf16(std::uint64_t i, std::uint64_t seed, float amp, bool own) {
+  if (own) return rand_bf16(mix64(i * 0x9E3779B97F4A7C15ull + seed), amp);
+  return __bfloat16_as_ushort(__float2bfloat16(dsmla::bench::normal_of(seed, i)));
 }
 
-// One random cache token per thread-loop step, in the byte layout of the format.
-__global__ void fill_cache_kernel(std::uint8_t* cache, std::int64_t num_slots, int format, std::uint64_t seed) {
+__global__ void fill_bf16_kernel(std::uint16_t* dst, std::uint64_t n, std::uint64_t seed, float amp, bool own) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::uint64_t(gridDim.x) * blockDim.x)
+    dst[i] = random_bf16(i, seed, amp, own);
+}
+
+// One random cache byte per thread-loop step, in the byte layout of the format.
+__global__ void fill_cache_kernel(std::uint8_t* cache, std::int64_t num_slots, int format, std::uint64_t seed,
+                                  bool own) {
   const int bpt = dsmla::cache_token_bytes(static_cast<CacheFormat>(format));
   const std::uint64_t n = static_cast<std::uint64_t>(num_slots) * bpt;
   for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::uint64_t(gridDim.x) * blockDim.x) {
     const std::uint64_t slot = i / bpt;
     const int b = static_cast<int>(i - slot * bpt);
-    const std::uint64_t h = mix(i * 0x9E3779B97F4A7C15ull + seed);
-    if (format == 0) {  // bf16: write whole elements from their even byte
-      if (b % 2 == 0) *reinterpret_cast<std::uint16_t*>(cache + i) = rand_bf16(h, 1.f);
-    } else if (format == 1 && b >= 512 && b < 528) {  // fp8_ds_mla tile scales
+    const std::uint64_t h = mix64(i * 0x9E3779B97F4A7C15ull + seed);
+    if (format == 0 || (format == 1 && b >= 528)) {  // bf16 values, fp8_ds_mla k_pe: whole elements from their even byte
+      if (b % 2 == 0) *reinterpret_cast<std::uint16_t*>(cache + i) = random_bf16(i / 2, seed, 1.f, own);
+    } else if (format == 1 && b >= 512) {  // fp8_ds_mla tile scales
       if ((b - 512) % 4 == 0) {
         const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f);
-        *reinterpret_cast<float*>(cache + i) = (0.5f + u) / 448.f;
+        *reinterpret_cast<float*>(cache + i) = own ? (0.5f + u) / 448.f : 0.01f;
       }
-    } else if (format == 1 && b >= 528) {  // fp8_ds_mla k_pe bf16
-      if (b % 2 == 0) *reinterpret_cast<std::uint16_t*>(cache + i) = rand_bf16(h, 1.f);
-    } else {  // e4m3 code, never NaN (0x7f / 0xff)
+    } else {  // e4m3 code, never NaN (0x7f / 0xff); the anchors' masked to 0x77
       std::uint8_t code = static_cast<std::uint8_t>(h >> 56);
       if ((code & 0x7f) == 0x7f) code ^= 1;
-      cache[i] = code;
+      cache[i] = own ? code : code & 0x77;
     }
   }
 }
@@ -117,13 +130,19 @@ Case prefill_case(CacheFormat format, int heads, int tokens, int seq, int topk, 
   c.slots.assign(static_cast<std::size_t>(tokens) * topk, -1);
   c.counts.resize(tokens);
   std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
   for (int t = 0; t < tokens; ++t) {
     const int start = t / seq * seq, pos = t % seq;
     const int n = std::min(pos + 1, topk);
     std::int32_t* row = c.slots.data() + static_cast<std::size_t>(t) * topk;
-    // The last n positions up to pos (all of them when pos < topk), in random order.
-    for (int j = 0; j < n; ++j) row[j] = start + pos - j;
-    std::shuffle(row, row + n, rng);
+    if (g_own_inputs) {  // the last n positions up to pos (all of them when pos < topk), in random order
+      for (int j = 0; j < n; ++j) row[j] = start + pos - j;
+      std::shuffle(row, row + n, rng);
+    } else if (pos < topk) {  // the anchors': 0..pos in order
+      for (int j = 0; j < n; ++j) row[j] = start + j;
+    } else {  // the anchors': topk positions drawn uniformly, with repeats, from 0..pos
+      for (int j = 0; j < n; ++j) row[j] = start + std::min(pos, static_cast<int>(unit(rng) * (pos + 1)));
+    }
     c.counts[t] = n;
   }
   return c;
@@ -143,11 +162,26 @@ Case decode_case(CacheFormat format, int heads, int batch, int context, int topk
   c.slots.resize(static_cast<std::size_t>(batch) * topk);
   c.counts.assign(batch, topk);
   std::mt19937 rng(99);
-  std::vector<std::int32_t> perm(context);
-  for (int b = 0; b < batch; ++b) {
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int j = 0; j < topk; ++j) c.slots[static_cast<std::size_t>(b) * topk + j] = b * context + perm[j];
+  if (g_own_inputs) {  // topk distinct positions of the request's context
+    std::vector<std::int32_t> perm(context);
+    for (int b = 0; b < batch; ++b) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int j = 0; j < topk; ++j) c.slots[static_cast<std::size_t>(b) * topk + j] = b * context + perm[j];
+    }
+  } else {  // the anchors': positions drawn uniformly, with repeats, over a shuffled table of 64-token blocks
+    constexpr int kBlock = 64;
+    const int blocks_per_request = context / kBlock;
+    std::vector<std::int32_t> table(static_cast<std::size_t>(batch) * blocks_per_request);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    std::uniform_int_distribution<int> position(0, context - 1);
+    for (int b = 0; b < batch; ++b)
+      for (int j = 0; j < topk; ++j) {
+        const int pos = position(rng);
+        c.slots[static_cast<std::size_t>(b) * topk + j] =
+            table[static_cast<std::size_t>(b) * blocks_per_request + pos / kBlock] * kBlock + pos % kBlock;
+      }
   }
   return c;
 }
@@ -247,8 +281,8 @@ Result run_case(const Case& c, int warmup, int reps) {
   auto* d_cache = device_alloc<std::uint8_t>(static_cast<std::size_t>(c.num_slots) * bpt);
   auto* d_slots = device_alloc<std::int32_t>(c.slots.size());
   auto* d_counts = device_alloc<std::int32_t>(n);
-  fill_bf16_kernel<<<4096, 256>>>(d_q, n * H * 576, 0x1234, 1.5f);
-  fill_cache_kernel<<<4096, 256>>>(d_cache, c.num_slots, format_index(c.format), 0x5678);
+  fill_bf16_kernel<<<4096, 256>>>(d_q, n * H * 576, 0x1234, 1.5f, g_own_inputs);
+  fill_cache_kernel<<<4096, 256>>>(d_cache, c.num_slots, format_index(c.format), 0x5678, g_own_inputs);
   DSMLA_CUDA_CHECK(cudaGetLastError());
   DSMLA_CUDA_CHECK(cudaMemcpy(d_slots, c.slots.data(), c.slots.size() * 4, cudaMemcpyHostToDevice));
   DSMLA_CUDA_CHECK(cudaMemcpy(d_counts, c.counts.data(), n * 4, cudaMemcpyHostToDevice));
@@ -266,7 +300,7 @@ Result run_case(const Case& c, int warmup, int reps) {
   p.num_tokens = c.num_tokens;
   p.num_heads = H;
   p.topk = c.topk;
-  p.softmax_scale = static_cast<float>(dsmla::default_softmax_scale());
+  p.softmax_scale = g_own_inputs ? static_cast<float>(dsmla::default_softmax_scale()) : 1.f / std::sqrt(576.f);
   p.o_lat = reinterpret_cast<__nv_bfloat16*>(d_o);
   p.lse = d_lse;
   p.workspace = d_ws;
@@ -324,14 +358,17 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--small-heads") == 0) small_heads = true;
     else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) only = argv[++i];
+    else if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
     else {
-      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --case TEXT)\n", argv[i]);
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --case TEXT, --own-inputs)\n",
+                   argv[i]);
       return 2;
     }
   }
   cudaDeviceProp prop{};
   DSMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("device: %s, %d SMs; inputs: %s\n", prop.name, prop.multiProcessorCount,
+              g_own_inputs ? "own (--own-inputs)" : "as anchors_bench.py");
   std::vector<Case> cases;
   if (small_heads) {
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
@@ -369,7 +406,7 @@ int main(int argc, char** argv) {
                                [&](const Case& c) { return c.name.find(only) == std::string::npos; }),
                 cases.end());
   std::vector<Result> results;
-  for (const Case& c : cases) results.push_back(run_case(c, 3, 20));
+  for (const Case& c : cases) results.push_back(run_case(c, 5, 30));
   std::printf("\n| case | us | TFLOP/s | FlashMLA us | check |\n|---|---|---|---|---|\n");
   bool all_ok = true;
   for (const Result& r : results) {
