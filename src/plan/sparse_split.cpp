@@ -33,13 +33,6 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
   return best;
 }
 
-bool plan_sparse_dynamic(int num_tokens, int num_heads, int topk, int multiprocessors) {
-  const std::int64_t items =
-      static_cast<std::int64_t>(num_tokens) * ((num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem);
-  return multiprocessors > 0 && items > multiprocessors &&
-         plan_sparse_split(num_tokens, num_heads, topk, multiprocessors).num_splits == 1;
-}
-
 bool plan_sparse_pairing(CacheFormat format, int num_heads) {
   const int head_blocks = (num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem;
   return format != CacheFormat::bf16 && num_heads > 0 && head_blocks % 2 == 0;

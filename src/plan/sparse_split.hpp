@@ -34,18 +34,6 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
 std::size_t sparse_split_lse_bytes(const SparseSplit& split, int num_tokens, int num_heads);
 std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_tokens, int num_heads);
 
-// Whether the kernel claims its work items at run time from a counter in its
-// workspace (zeroed before each launch) instead of taking every
-// multiprocessors-th one: when the items outnumber the multiprocessors and
-// the range is not split. Causal prefill items differ in cost (a row at
-// position p reads min(p + 1, topk) keys), and with a static stride the CTAs'
-// sums differ by up to 2-3 % at S 1024-4096 (src/cuda/sparse_mla/NOTES.md,
-// "Items claimed at run time"); the kernel lasts as long as the largest sum.
-// Split batches (decode) have items of equal cost and at most a wave or two.
-// The bf16 kernel acts on it (the one prefills run on); the counter's bytes
-// are reserved whatever the format.
-bool plan_sparse_dynamic(int num_tokens, int num_heads, int topk, int multiprocessors);
-
 // Whether the kernel runs in clusters of two CTAs that take the two head blocks
 // of one (token, split) together and share each key block's dequantisation
 // (src/cuda/sparse_mla/head_rows_layout.cuh): every fp8 cache with an even

@@ -24,7 +24,6 @@
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
-#include "plan/sparse_split.hpp"
 #include "support/test_support.hpp"
 
 namespace dsmla::cuda {
@@ -360,11 +359,7 @@ TEST_P(SparseMlaManyTokens, MatchesReference) {
   DSMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
   const int groups = (heads + 63) / 64;
   const int num_tokens = (sm_count + groups - 1) / groups + 5;
-  // More items than multiprocessors and no split: the bf16 kernel claims its
-  // items at run time (plan_sparse_dynamic), the fp8 ones take them by stride.
-  ASSERT_EQ(plan_sparse_split(num_tokens, heads, kTopk, sm_count).num_splits, 1) << "expected no split-KV";
-  ASSERT_TRUE(plan_sparse_dynamic(num_tokens, heads, kTopk, sm_count));
-  ASSERT_EQ(sparse_mla_workspace_bytes(num_tokens, heads, kTopk), kWorkspaceAlignment) << "the item counter";
+  ASSERT_EQ(sparse_mla_workspace_bytes(num_tokens, heads, kTopk), 0u) << "expected no split-KV";
   std::mt19937 rng(7u + heads);
   std::vector<int> counts(num_tokens);
   std::vector<double> holes(num_tokens);
@@ -402,28 +397,6 @@ TEST(SparseMlaContract, SplitNeedsWorkspace) {
   p.num_heads = 128;
   p.topk = 2048;
   p.num_slots = 1;
-  EXPECT_THROW(launch_sparse_mla(p, nullptr), Error);
-}
-
-TEST(SparseMlaContract, DynamicScheduleNeedsWorkspace) {
-  DSMLA_SKIP_WITHOUT_GPU();
-  int sm_count = 0;
-  DSMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-  const int num_tokens = 2 * sm_count;  // H 64: one item a token, two waves
-  ASSERT_EQ(sparse_mla_workspace_bytes(num_tokens, 64, 256), kWorkspaceAlignment);
-  SparseMlaParams p;
-  DeviceBuffer<std::uint8_t> dummy(1 << 20);
-  p.q = reinterpret_cast<const __nv_bfloat16*>(dummy.data());
-  p.kv_cache = dummy.data();
-  p.slots = reinterpret_cast<const std::int32_t*>(dummy.data());
-  p.valid_counts = p.slots;
-  p.o_lat = reinterpret_cast<__nv_bfloat16*>(dummy.data());
-  p.num_tokens = num_tokens;
-  p.num_heads = 64;
-  p.topk = 256;
-  p.num_slots = 1;
-  EXPECT_THROW(launch_sparse_mla(p, nullptr), Error);
-  p.workspace = dummy.data() + 16;  // not 256-byte aligned
   EXPECT_THROW(launch_sparse_mla(p, nullptr), Error);
 }
 

@@ -90,24 +90,6 @@ TEST(SparseSplit, WorkspaceOnlyWhenSplit) {
   EXPECT_EQ(sparse_split_workspace_bytes(four, 3, 128), lse + 4u * 3 * 128 * 512 * sizeof(float));
 }
 
-TEST(SparseDynamic, OnlyPastOneWaveAndNeverWithASplit) {
-  // Prefills of 16K tokens: far more items than multiprocessors.
-  EXPECT_TRUE(plan_sparse_dynamic(16384, 128, 2048, kH200Multiprocessors));
-  EXPECT_TRUE(plan_sparse_dynamic(16384, 16, 2048, kH200Multiprocessors));
-  // One item more than the multiprocessors (H 64: one item a token), not one fewer or equal.
-  EXPECT_TRUE(plan_sparse_dynamic(kH200Multiprocessors + 1, 64, 2048, kH200Multiprocessors));
-  EXPECT_FALSE(plan_sparse_dynamic(kH200Multiprocessors, 64, 2048, kH200Multiprocessors));
-  EXPECT_FALSE(plan_sparse_dynamic(kH200Multiprocessors / 2, 128, 2048, kH200Multiprocessors));
-  // Decode batches that split are never dynamic; neither is anything without a device or tokens.
-  for (int batch = 1; batch <= 512; ++batch) {
-    if (plan_sparse_split(batch, 128, 2048, kH200Multiprocessors).num_splits > 1) {
-      EXPECT_FALSE(plan_sparse_dynamic(batch, 128, 2048, kH200Multiprocessors)) << "batch " << batch;
-    }
-  }
-  EXPECT_FALSE(plan_sparse_dynamic(16384, 128, 2048, 0));
-  EXPECT_FALSE(plan_sparse_dynamic(0, 128, 2048, kH200Multiprocessors));
-}
-
 TEST(SparsePairing, Fp8CachesPairAnEvenNumberOfHeadBlocks) {
   for (CacheFormat format : {CacheFormat::fp8_ds_mla, CacheFormat::fp8}) {
     SCOPED_TRACE(testing::Message() << "format " << static_cast<int>(format));

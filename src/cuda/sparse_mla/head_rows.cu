@@ -28,10 +28,10 @@ int pairing_setting() {
   return value;
 }
 
-template <CacheFormat F, bool kPaired, bool kDynamic = false>
+template <CacheFormat F, bool kPaired>
 void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
-  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kDynamic>;
+  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
@@ -84,11 +84,7 @@ void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
       static_cast<std::int64_t>(args.p.num_tokens) * head_blocks(args.p.num_heads) * args.num_splits;
   if (items > INT32_MAX) throw Error("sparse MLA kernel: " + std::to_string(items) + " work items exceed 2^31");
   switch (args.p.format) {
-    case CacheFormat::bf16:
-      // Items claimed at run time when the launcher gave a counter (bf16 only: head_rows_kernel.cuh).
-      if (args.item_counter != nullptr) launch<CacheFormat::bf16, false, true>(args, items, stream);
-      else launch<CacheFormat::bf16, false>(args, items, stream);
-      break;
+    case CacheFormat::bf16: launch<CacheFormat::bf16, false>(args, items, stream); break;
     case CacheFormat::fp8_ds_mla: launch_format<CacheFormat::fp8_ds_mla>(args, items, stream); break;
     case CacheFormat::fp8: launch_format<CacheFormat::fp8>(args, items, stream); break;
   }

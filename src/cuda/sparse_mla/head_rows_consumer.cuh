@@ -20,8 +20,7 @@ __device__ __forceinline__ void quad_swap(T& lo, T& hi, int mask, int tq) {
   else hi = got;
 }
 
-// kDynamic: items claimed at run time (ItemRing, head_rows_work.cuh).
-template <int kWg, bool kPaired, bool kDynamic = false>
+template <int kWg, bool kPaired>
 struct Consumer {
   static constexpr int kOther = 1 - kWg;
   static constexpr int kFirst = kWg == 0 ? kLo : kHi;  // half of its buffer S reads first
@@ -189,29 +188,16 @@ struct Consumer {
 
   // All items of this CTA: process_item(round, q_uses), then the epilogue.
   // `round` and `q_uses` count on across items for the barrier phases.
-  // Static schedule: positions start, start + stride, ...; kDynamic: the
-  // items producer thread 0 publishes, up to the first past the end.
   template <class ProcessItem>
   __device__ __forceinline__ void for_each_item(const KernelArgs& args, ProcessItem&& process_item) {
-    int round = 0, q_uses = 0;
+    int round = 0, q_uses = 0, items_done = 0;
     const Schedule<kPaired> sched(args);
-    const ItemRing ring(bars, smem);
-    int next_count = kDynamic ? 0 : sched.load_count(args, sched.start);
-    for (int j = 0;; ++j) {
-      int pos, count;
-      if constexpr (kDynamic) {
-        const int2 published = ring.read(j);
-        pos = published.x;
-        count = published.y;
-      } else {
-        pos = sched.start + j * sched.stride;
-        count = next_count;
-        next_count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
-      }
-      if (pos >= sched.count) break;
+    int count = sched.load_count(args, sched.start);
+    for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
       item = sched.work(args, pos, count);
+      count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
       process_item(round, q_uses);
-      epilogue(j & 1);
+      epilogue(items_done & 1);
     }
   }
   __device__ __forceinline__ void run(const KernelArgs& args) {

@@ -20,13 +20,10 @@ __device__ __forceinline__ void sync_all() {
 
 // kPaired: launched in clusters of two CTAs that share the dequantisation of
 // every key block (fp8 caches, an even number of head blocks; head_rows_layout.cuh).
-// kDynamic: items claimed at run time from args.item_counter (ItemRing,
-// head_rows_work.cuh); the launcher sets it for bf16 prefills.
-template <CacheFormat F, bool kPaired, bool kDynamic>
+template <CacheFormat F, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
-  static_assert(!(kDynamic && kPaired), "the two CTAs of a pair take their items together: static schedule only");
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // The runtime aligns dynamic smem to 16 B only; round up to the swizzle atom.
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
@@ -43,12 +40,6 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
     for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired: p_ready(buffer w)
-    if constexpr (kDynamic) {
-      for (int s = 0; s < kItemSlots; ++s) {
-        pl::init(bars.item_full(s), 1);
-        pl::init(bars.item_empty(s), kItemReaders);
-      }
-    }
     pl::fence_init();
   }
   // Paired, the peer arrives on these barriers and writes this tile: both
@@ -63,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       peer.smem = pl::peer_pointer(smem, 1 - peer.rank);
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
-    produce<F, kPaired, kDynamic>(args, bars, smem, peer);
+    produce<F, kPaired>(args, bars, smem, peer);
   } else if constexpr (kPaired) {
     if (wg == 0) {
       pl::grow_registers<kRolesRegs0>();
@@ -74,10 +65,10 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     }
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
-    Consumer<0, kPaired, kDynamic>(bars, smem).run(args);
+    Consumer<0, kPaired>(bars, smem).run(args);
   } else {
     pl::grow_registers<kConsumerRegs<kFp8>>();
-    Consumer<1, kPaired, kDynamic>(bars, smem).run(args);
+    Consumer<1, kPaired>(bars, smem).run(args);
   }
   // The producer waits here for the consumers instead of exiting early: no
   // warp of the CTA has exited while the consumers' named barriers are in

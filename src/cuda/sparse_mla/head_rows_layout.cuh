@@ -44,15 +44,14 @@ inline constexpr int kConsumerThreads = 256;             // warpgroups 0 and 1
 inline constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // setmaxnreg moves registers within the CTA's pool
 // (pipeline::register_pool_per_thread: 168 at 384 threads). A bf16 producer
-// only issues cp.async, but with the dynamic schedule (ItemRing) it spilled
-// 24 bytes at 56 registers, none at 64 (consumers 216: no spill either). An
-// fp8 producer holds a half's codes in registers (head_rows_gather.cuh), paid
-// for with 16 consumer registers (at 208 / 88 the fp8_ds_mla producer spills
-// 40 bytes, fp8 4; at 200 / 104 both spill 36 bytes).
+// only issues cp.async; an fp8 one
+// holds a half's codes in registers (head_rows_gather.cuh), paid for with 16
+// consumer registers (at 208 / 88 the fp8_ds_mla producer spills 40 bytes, fp8
+// 4; at 200 / 104 both spill 36 bytes).
 template <bool kFp8>
-inline constexpr int kConsumerRegs = kFp8 ? 208 : 216;
+inline constexpr int kConsumerRegs = kFp8 ? 208 : 224;
 template <bool kFp8>
-inline constexpr int kProducerRegs = kFp8 ? 88 : 64;
+inline constexpr int kProducerRegs = kFp8 ? 88 : 56;
 template <bool kFp8>
 inline constexpr bool kRegisterBudgetFits =
     2 * 128 * kConsumerRegs<kFp8> + 128 * kProducerRegs<kFp8> <= kThreads * pipeline::register_pool_per_thread(kThreads);
@@ -91,13 +90,9 @@ inline constexpr int kSmemP1 = kSmemK + 2 * kTileBytes;
 inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: published row maxima
 inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2 items][2][64]: row sums per warpgroup
 inline constexpr int kSmemValid = kSmemSum + 4 * kRows * 4;  // uint8 [2][64]: key of buffer b is valid
-inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], max_ready[2], item_full[4], item_empty[4]
-// Dynamically scheduled items (Barriers::item_full): a ring of kItemSlots
-// published items, each {position, valid count}.
-inline constexpr int kItemSlots = 4;
-inline constexpr int kNumBars = 14 + 2 * kItemSlots;
-inline constexpr int kSmemItems = kSmemBars + kNumBars * 8;  // int2 [kItemSlots]
-inline constexpr int kSmemUsed = kSmemItems + kItemSlots * 8;
+inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], max_ready[2]
+inline constexpr int kNumBars = 14;
+inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr int kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;
 static_assert(kSmemBytes <= 227 * 1024, "exceeds the opt-in shared memory of sm_90");

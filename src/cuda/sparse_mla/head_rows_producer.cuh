@@ -10,7 +10,7 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done.
-template <CacheFormat F, bool kPaired, bool kDynamic>
+template <CacheFormat F, bool kPaired>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -29,24 +29,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
   // Items without keys need no loads: skip them, and look one item ahead so
   // that its valid count and first slots are loaded while this one runs.
   // (Both CTAs of a pair skip the same ones: they share tokens and splits.)
-  // kDynamic (ItemRing): the items as producer thread 0 claims them, each
-  // read once and in order, empty ones included (`from` is then unused).
-  int items_read = 0;
-  if (kDynamic && t == 0) ItemRing(bars, smem).publish(args, 0);
   auto next_busy = [&](int from, int& count) {
-    for (;; from += sched.stride) {
-      if constexpr (kDynamic) {
-        const ItemRing ring(bars, smem);
-        const int2 item = ring.read(items_read);
-        if (t == 0) ring.publish(args, items_read + 1);
-        ++items_read;
-        from = item.x;
-        count = item.y;
-      } else {
-        if (from >= sched.count) break;
-        count = sched.load_count(args, from);
-      }
-      if (from >= sched.count || sched.work(args, from, count).rounds > 0) break;
+    for (; from < sched.count; from += sched.stride) {
+      count = sched.load_count(args, from);
+      if (sched.work(args, from, count).rounds > 0) break;
     }
     return from;
   };

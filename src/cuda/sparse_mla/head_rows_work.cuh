@@ -124,46 +124,6 @@ struct Barriers {
   __device__ pl::Mbarrier* valid(int buffer) const { return base + 10 + buffer; }
   // Consumer warpgroup w has published its row maxima of the round (128 arrivals).
   __device__ pl::Mbarrier* max_ready(int wg) const { return base + 12 + wg; }
-  // Dynamic schedule (ItemRing): slot s holds a published item (1 arrival) /
-  // every reader has read it (kItemReaders arrivals).
-  __device__ pl::Mbarrier* item_full(int slot) const { return base + 14 + slot; }
-  __device__ pl::Mbarrier* item_empty(int slot) const { return base + 14 + kItemSlots + slot; }
-};
-
-// The dynamic schedule of the unpaired kernel (KernelArgs::item_counter set,
-// plan_sparse_dynamic): a CTA's first item is blockIdx.x, each next one the
-// next of a counter shared by the grid, so that CTAs that drew cheap items
-// (short causal rows) take more of them. With a static stride the CTAs'
-// sums of item costs differ by up to 2-3 % at S 1024-4096 (NOTES.md,
-// "Items claimed at run time"), and the kernel lasts as long as the largest.
-// Producer thread 0 claims item j + 1 when the producer reads item j and
-// publishes it in slot (j + 1) % kItemSlots; the producer's threads and the
-// consumers read every item in order. A position >= num_items ends the
-// sequence.
-inline constexpr int kItemReaders = kThreads;  // producer and consumers
-struct ItemRing {
-  const Barriers& bars;
-  int2* slots;
-  __device__ ItemRing(const Barriers& b, std::uint8_t* smem) : bars(b), slots(reinterpret_cast<int2*>(smem + kSmemItems)) {}
-
-  // Claims and publishes item j (one thread).
-  __device__ __forceinline__ void publish(const KernelArgs& a, int j) const {
-    const int s = j % kItemSlots;
-    pl::wait(bars.item_empty(s), ((j / kItemSlots) & 1) ^ 1);
-    const int items = num_items(a);
-    const int pos = j == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(a.item_counter, 1);
-    const int count = WorkItem::load_count(a, pos, items);
-    slots[s] = make_int2(min(pos, items), count);
-    pl::arrive(bars.item_full(s));
-  }
-  // Item j as published: {position (num_items: none), valid count}. Every reader calls it once per item, in order.
-  __device__ __forceinline__ int2 read(int j) const {
-    const int s = j % kItemSlots;
-    pl::wait(bars.item_full(s), (j / kItemSlots) & 1);
-    const int2 item = slots[s];
-    pl::arrive(bars.item_empty(s));
-    return item;
-  }
 };
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows

@@ -18,10 +18,6 @@ struct KernelArgs {
   int num_splits = 1;
   float* part_lse = nullptr;   // [num_splits, num_tokens, num_heads] (num_splits > 1)
   float* part_o = nullptr;     // [num_splits, num_tokens, num_heads, 512]
-  // Unpaired kernel only: when set, items are claimed at run time from this
-  // counter (0 at launch; head_rows_work.cuh, ItemRing); else CTA c takes
-  // items c, c + gridDim.x, ...
-  int* item_counter = nullptr;
 };
 
 // The warp-specialised kernel, every cache format and head count (head_rows_kernel.cuh).

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/common/launch.hpp"
@@ -86,30 +85,12 @@ void check_params(const SparseMlaParams& p) {
   }
 }
 
-// DSMLA_SPARSE_DYNAMIC in the environment (read once): 1 claims items at
-// run time where plan_sparse_dynamic says so, 0 keeps the static schedule;
-// unset: kDynamicByDefault (off until measured on a GPU).
-constexpr bool kDynamicByDefault = false;
-bool dynamic_schedule_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_DYNAMIC");
-    if (env == nullptr || *env == '\0') return kDynamicByDefault;
-    const std::string text(env);
-    if (text != "0" && text != "1") throw Error("DSMLA_SPARSE_DYNAMIC='" + text + "' (expected 0, 1 or unset)");
-    return text == "1";
-  }();
-  return allowed;
-}
-
 }  // namespace
 
-// Split launches: the split layout (plan/sparse_split.hpp). Dynamically
-// scheduled ones (never split): the item counter, one aligned slot.
 std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk) {
   if (num_tokens <= 0 || num_heads <= 0 || topk <= 0) return 0;
-  const int sms = multiprocessor_count();
-  if (plan_sparse_dynamic(num_tokens, num_heads, topk, sms)) return kWorkspaceAlignment;
-  return sparse_split_workspace_bytes(plan_sparse_split(num_tokens, num_heads, topk, sms), num_tokens, num_heads);
+  return sparse_split_workspace_bytes(plan_sparse_split(num_tokens, num_heads, topk, multiprocessor_count()),
+                                      num_tokens, num_heads);
 }
 
 void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
@@ -121,23 +102,8 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   args.p = p;
   args.split_keys = split.split_keys;
   args.num_splits = split.num_splits;
-  auto aligned_workspace = [&] {
-    return p.workspace != nullptr && reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlignment == 0;
-  };
-  if (plan_sparse_dynamic(p.num_tokens, p.num_heads, p.topk, multiprocessor_count())) {
-    if (!aligned_workspace()) {
-      throw Error("sparse MLA: " + std::to_string(p.num_tokens) + " tokens need a 256-byte aligned workspace of " +
-                  std::to_string(kWorkspaceAlignment) + " bytes (the item counter)");
-    }
-    // Only the bf16 kernel claims items at run time (head_rows.cu); zeroed on
-    // the stream, so the launch stays graph-capturable.
-    if (p.format == CacheFormat::bf16 && dynamic_schedule_allowed()) {
-      args.item_counter = static_cast<int*>(p.workspace);
-      check_cuda(cudaMemsetAsync(args.item_counter, 0, sizeof(int), stream), "sparse MLA item counter");
-    }
-  }
   if (split.num_splits > 1) {
-    if (!aligned_workspace()) {
+    if (p.workspace == nullptr || reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlignment != 0) {
       throw Error("sparse MLA: " + std::to_string(split.num_splits) +
                   "-way split needs a 256-byte aligned workspace of " +
                   std::to_string(sparse_split_workspace_bytes(split, p.num_tokens, p.num_heads)) + " bytes");

@@ -28,10 +28,9 @@ struct SparseMlaParams {
   __nv_bfloat16* o_lat = nullptr;     // [num_tokens, num_heads, 512]
   float* lse = nullptr;               // lse[lse_rows[i] * num_heads + h]; may be null (not written)
   const std::int32_t* lse_rows = nullptr;  // [num_tokens]; null means row i
-  // Scratch for split-KV partial results or the dynamic schedule's item
-  // counter: sparse_mla_workspace_bytes(num_tokens, num_heads, topk) bytes of
-  // device memory, 256-byte aligned, owned by the caller. May be null when that
-  // size is 0. Its contents need no initialisation.
+  // Scratch for split-KV partial results: sparse_mla_workspace_bytes(num_tokens,
+  // num_heads, topk) bytes of device memory, 256-byte aligned, owned by the
+  // caller. May be null when that size is 0. Its contents need no initialisation.
   void* workspace = nullptr;
 };
 
@@ -49,9 +48,7 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream);
 // the top-k range of each token is split over several CTAs whose partial
 // outputs (fp32) and log-sum-exps are merged by a second kernel; the split
 // count depends only on (num_tokens, num_heads, topk) and the device's
-// multiprocessor count, so this size is fixed for a planned batch. Batches of
-// more work items than multiprocessors and no split claim their items at run
-// time from a counter (plan_sparse_dynamic): 256 bytes. 0 = neither.
+// multiprocessor count, so this size is fixed for a planned batch. 0 = no split.
 std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk);
 
 }  // namespace dsmla::cuda
