@@ -39,7 +39,7 @@ enum Tensor : std::uint32_t { kQ = 1, kKvUp = 2, kLatent = 3 };
 
 // How the inputs are made: as anchors_bench.py makes FlashAttention-3's and
 // cuDNN's (standard normal q, k, v; softmax scale 192^-0.5), or as this
-// harness did before 2026-12-04 (--own-inputs: uniform q in [-2, 2), k and v
+// harness did until session 28 (--own-inputs: uniform q in [-2, 2), k and v
 // in [-1, 1); DeepSeek-V3.2's scale). Both with every mantissa bit random:
 // with the short mantissas this harness used before 2026-12-03 (multiples of
 // 1/64), the same kernel ran 0-14 % faster here than in dsmla bench.

@@ -45,8 +45,8 @@ using dsmla::cuda::SparseMlaParams;
 
 using dsmla::bench::mix64;
 
-// How the inputs are made (Inputs): as anchors_bench.py makes FlashMLA's
-// (the default), or as this harness did before 2026-12-04 (--own-inputs).
+// How the inputs are made: as anchors_bench.py makes FlashMLA's (the
+// default), or as this harness did until session 28 (--own-inputs).
 //   anchors: prefill sets of the ANCHORS workload (token at position p: 0..p
 //     in order while p < topk, else topk positions drawn uniformly, with
 //     repeats, from 0..p); decode positions drawn uniformly, with repeats,
