@@ -49,6 +49,18 @@ struct Consumer {
   }
   __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }
 
+  // After waiting for a key buffer (or the query) and before the wgmma that
+  // reads it. Unpaired, what lands there is cp.async copies (bf16 keys and
+  // query, fp8_ds_mla's rope), whose completion the mbarrier tracks, or
+  // st.shared writes the producer fenced before arriving: CUTLASS's own
+  // cp.async + GMMA mainloop (sm90_mma_multistage_gmma_ss_warpspecialized)
+  // issues its wgmma right after the wait, and so do we (a proxy fence here
+  // was a MEMBAR.ALL.CTA per wait, three or four a round). Paired, the peer's
+  // st.async stores land too: fenced as before.
+  __device__ __forceinline__ void fence_landed() {
+    if constexpr (kPaired) pl::fence_smem_for_mma();
+  }
+
   // This thread is done reading one half of a key buffer. Paired, the peer's
   // producer also writes into it, so each warp also arrives once on the
   // peer's copy of the barrier (its empty counts include those arrivals):
@@ -72,7 +84,7 @@ struct Consumer {
   __device__ __forceinline__ void issue_s(int buffer, int ph, int half, int first, bool live) {
     pl::wait(bars.full(buffer, half), ph);
     if (!live) return;
-    pl::fence_smem_for_mma();  // cp.async writes (bf16 keys, fp8_ds_mla's rope: generic proxy), read by wgmma
+    fence_landed();
     mma::fence();
     const mma::DescAddr q = s_base + kSmemQ;
     const mma::DescAddr k = s_base + (kSmemK + buffer * kTileBytes);
@@ -229,7 +241,7 @@ struct Consumer {
     const int rounds = item.rounds;
     if (rounds == 0) return;
     pl::wait(bars.q_full(), q_uses & 1);
-    pl::fence_smem_for_mma();
+    fence_landed();
     ++q_uses;
     compute_s(round, kWg == 0 || second_block(0));
 
@@ -308,7 +320,7 @@ struct Consumer {
         }
         pl::named_sync(kConsumerThreads, kP1Ready);
         if (second_block(r)) {
-          pl::fence_smem_for_mma();  // buffer 1, whose full wait warpgroup 1 made
+          fence_landed();  // buffer 1, whose full waits warpgroup 1 made (P_1: fenced by its writer)
           mma::fence();
           issue_pv_smem(kSmemP1, 1);
         }
@@ -317,7 +329,7 @@ struct Consumer {
         store_p(kSmemP1, a);
         pl::named_arrive(kConsumerThreads, kP1Ready);
         pl::named_sync(kConsumerThreads, kP0Ready);
-        pl::fence_smem_for_mma();  // buffer 0, whose full wait warpgroup 0 made
+        fence_landed();  // buffer 0, whose full waits warpgroup 0 made (P_0: fenced by its writer)
         mma::fence();
         issue_pv_smem(kSmemP0, 0);
         mma::commit();
