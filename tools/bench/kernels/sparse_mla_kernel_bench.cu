@@ -59,15 +59,11 @@ using dsmla::bench::mix64;
 //     scales in [0.5, 1.5] / 448; DeepSeek-V3.2's softmax scale.
 bool g_own_inputs = false;
 
-// Uniform in [-amp, amp] as bf16 bits.
-__device__ inline std::uint16_t rand_bf16(std::uint64_t h, float amp) {
-  const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f) * 2.f - 1.f;
-  return __bfloat16_as_ushort(__float2bfloat16(u * amp));
-}
-// Element i of a tensor seeded `seed`: uniform in [-amp, amp] (own inputs) or standard normal (the anchors').
+// Element i of a tensor seeded `seed` as bf16 bits: uniform in [-amp, amp) (own inputs) or standard normal (the anchors').
 __device__ inline std::uint16_t random_bf16(std::uint64_t i, std::uint64_t seed, float amp, bool own) {
-  if (own) return rand_bf16(mix64(i * 0x9E3779B97F4A7C15ull + seed), amp);
-  return __bfloat16_as_ushort(__float2bfloat16(dsmla::bench::normal_of(seed, i)));
+  const float x = own ? dsmla::bench::uniform_of_hash(mix64(i * 0x9E3779B97F4A7C15ull + seed)) * amp
+                      : dsmla::bench::normal_of(seed, i);
+  return __bfloat16_as_ushort(__float2bfloat16(x));
 }
 
 __global__ void fill_bf16_kernel(std::uint16_t* dst, std::uint64_t n, std::uint64_t seed, float amp, bool own) {
