@@ -2,9 +2,12 @@
 // (src/cuda/sparse_mla). Built with the CUDA build as build/sparse_mla_kernel_bench
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   build/sparse_mla_kernel_bench [--quick | --small-heads] [--case TEXT] [--own-inputs]
+//   build/sparse_mla_kernel_bench [--quick | --small-heads | --decode-sweep] [--case TEXT] [--own-inputs]
 //
 // --small-heads: the H 16 / 32 cases next to H 128.
+// --decode-sweep: fp8_ds_mla decode at H 128 and H 64 over the batch sizes
+// between and past the anchors' (where the split-KV choice changes; FlashMLA
+// at the same batches: bench/flashmla_decode_sweep.py).
 // --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
 // H128 B128"), so a profiler sees one case's launches.
 //
@@ -348,15 +351,16 @@ Result run_case(const Case& c, int warmup, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, small_heads = false;
+  bool quick = false, small_heads = false, decode_sweep = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--small-heads") == 0) small_heads = true;
+    else if (std::strcmp(argv[i], "--decode-sweep") == 0) decode_sweep = true;
     else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) only = argv[++i];
     else if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
     else {
-      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --case TEXT, --own-inputs)\n",
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs)\n",
                    argv[i]);
       return 2;
     }
@@ -366,7 +370,12 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs; inputs: %s\n", prop.name, prop.multiProcessorCount,
               g_own_inputs ? "own (--own-inputs)" : "as anchors_bench.py");
   std::vector<Case> cases;
-  if (small_heads) {
+  if (decode_sweep) {
+    for (int batch : {32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192})
+      cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, batch, 8192, 2048, 0));
+    for (int batch : {64, 96, 112, 128, 144, 160, 192, 256})
+      cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, batch, 8192, 2048, 0));
+  } else if (small_heads) {
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
     cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, 1024, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, 1024, 2048, 0));
@@ -378,7 +387,7 @@ int main(int argc, char** argv) {
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, 64, 8192, 2048, 121.2));
   }
-  if (!quick && !small_heads) {
+  if (!quick && !small_heads && !decode_sweep) {
     cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 1024, 2048, 2460));
     cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 128, 16384, 1024, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 4096, 2048, 12620));
