@@ -9,25 +9,44 @@ namespace dsmla {
 namespace {
 constexpr double kItemOverheadBlocks = 1.0;
 constexpr double kMergeCostBlocks = 1.0;
+// The merge kernel reads every partial output (fp32) once; about this many
+// bytes take the time of one key block of an item (~3 us on an H200 at the
+// ~2.8 TB/s such a read reaches). The partials are written during the main
+// kernel, where those writes overlap with the products.
+constexpr double kMergeBytesPerBlock = 8.0 * 1024 * 1024;
+// A split must promise at least this much of the unsplit time off: the model
+// is coarse, and a split costs workspace (and a second launch).
+constexpr double kMinSplitGain = 0.9;
+// Largest partial-output workspace a split may take.
+constexpr std::size_t kMaxSplitWorkspaceBytes = std::size_t{256} << 20;
 }  // namespace
 
 SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors) {
   const int max_blocks = std::max(1, (topk + kSparseTileKeys - 1) / kSparseTileKeys);
-  SparseSplit best{1, max_blocks * kSparseTileKeys};
+  const SparseSplit none{1, max_blocks * kSparseTileKeys};
   const std::int64_t items =
       static_cast<std::int64_t>(num_tokens) * ((num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem);
-  if (items <= 0 || multiprocessors <= 0 || items >= multiprocessors || max_blocks == 1) return best;
+  if (items <= 0 || multiprocessors <= 0 || max_blocks == 1) return none;
   auto waves = [&](int splits) {
     return static_cast<double>((items * splits + multiprocessors - 1) / multiprocessors);
   };
-  double best_cost = waves(1) * (max_blocks + kItemOverheadBlocks);
+  // Above one wave the split evens out the last, partly filled one (at H 128,
+  // batch 80 is 160 items on 132 SMs: two item times unsplit, 1.4 with four
+  // splits), so the choice is priced at every batch size.
+  const double unsplit_cost = waves(1) * (max_blocks + kItemOverheadBlocks);
+  SparseSplit best = none;
+  double best_cost = kMinSplitGain * unsplit_cost;
   for (int blocks_per_split = max_blocks - 1; blocks_per_split >= 1; --blocks_per_split) {
     const int splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
     if (splits > kSparseMaxSplits) break;
-    const double cost = waves(splits) * (blocks_per_split + kItemOverheadBlocks) + kMergeCostBlocks;
+    const SparseSplit candidate{splits, blocks_per_split * kSparseTileKeys};
+    const std::size_t workspace = sparse_split_workspace_bytes(candidate, num_tokens, num_heads);
+    if (workspace > kMaxSplitWorkspaceBytes) continue;
+    const double cost = waves(splits) * (blocks_per_split + kItemOverheadBlocks) + kMergeCostBlocks +
+                        static_cast<double>(workspace) / kMergeBytesPerBlock;
     if (cost < best_cost) {
       best_cost = cost;
-      best = {splits, blocks_per_split * kSparseTileKeys};
+      best = candidate;
     }
   }
   return best;

@@ -23,9 +23,11 @@ struct SparseSplit {
 };
 
 // Minimises waves x key blocks per work item, pricing an item's fixed cost
-// (query load, first gather, epilogue) and the merge kernel at about one key
-// block each. No split when the items already fill `multiprocessors`, or when
-// topk fits one block.
+// (query load, first gather, epilogue) at about one key block, and the merge
+// kernel at one block plus its read of the partial outputs. Splits when that
+// promises at least a tenth off the unsplit time, at any batch size: below one
+// wave of items to fill the GPU, above it to even out the last wave. No split
+// when topk fits one block, or when the partials would take over 256 MiB.
 SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors);
 
 // Bytes of the merge workspace for that split: part_lse [splits, tokens, heads]
