@@ -1,6 +1,7 @@
 #include "plan/sparse_split.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "dsmla/types.hpp"
@@ -19,37 +20,59 @@ constexpr double kMergeBytesPerBlock = 8.0 * 1024 * 1024;
 constexpr double kMinSplitGain = 0.9;
 // Largest partial-output workspace a split may take.
 constexpr std::size_t kMaxSplitWorkspaceBytes = std::size_t{256} << 20;
+// Balanced when whole items fill more than one wave but at most
+// kMaxWavesForBalanced, and the last wave at most kMaxLastWaveShareForBalanced
+// of the multiprocessors. Measured on the H200 (fp8_ds_mla decode, topk 2048,
+// sparse_mla/NOTES.md "Balanced lanes"): a last wave of 12 to 28 items (9-21
+// %) took 72-74 % of a full wave's time, the balanced schedule 3-16 % less
+// than whole items there; at 42-45 % it gained 3-8 % at H 128 but lost 5-10 %
+// at H 64, where an equal split gained 1-6 % (as at H 128). Not past a few
+// waves: the schedule assumes every item has its whole top-k range, which a
+// large batch of prefill rows (valid counts growing with the position) does
+// not; nor measured there.
+constexpr double kMaxLastWaveShareForBalanced = 0.22;
+constexpr int kMaxWavesForBalanced = 4;
 }  // namespace
 
-SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors) {
+SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors, SparseSplitMode mode) {
   const int max_blocks = std::max(1, (topk + kSparseTileKeys - 1) / kSparseTileKeys);
-  const SparseSplit none{1, max_blocks * kSparseTileKeys};
+  const SparseSplit whole{1, max_blocks * kSparseTileKeys, 0};
   const std::int64_t items =
       static_cast<std::int64_t>(num_tokens) * ((num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem);
-  if (items <= 0 || multiprocessors <= 0 || max_blocks == 1) return none;
+  if (items <= 0 || multiprocessors <= 0 || max_blocks == 1 || mode == SparseSplitMode::whole) return whole;
+
+  const SparseSplit balanced{1, whole.split_keys, multiprocessors};
+  const bool balanced_fits = items * max_blocks <= INT32_MAX;  // the kernel counts its blocks in 32 bits
+  if (mode == SparseSplitMode::balanced) return balanced_fits ? balanced : whole;
+  if (mode == SparseSplitMode::automatic && balanced_fits) {
+    const std::int64_t last_wave = items % multiprocessors;
+    if (items > multiprocessors && items <= std::int64_t{kMaxWavesForBalanced} * multiprocessors && last_wave > 0 &&
+        last_wave <= kMaxLastWaveShareForBalanced * multiprocessors)
+      return balanced;
+  }
+
+  // Equal splits: to fill the GPU when the items do not, and to even out a
+  // last wave that is not thin enough for the balanced schedule.
   auto waves = [&](int splits) {
     return static_cast<double>((items * splits + multiprocessors - 1) / multiprocessors);
   };
-  // Above one wave the split evens out the last, partly filled one (at H 128,
-  // batch 80 is 160 items on 132 SMs: two item times unsplit, 1.4 with four
-  // splits), so the choice is priced at every batch size.
-  const double unsplit_cost = waves(1) * (max_blocks + kItemOverheadBlocks);
-  SparseSplit best = none;
-  double best_cost = kMinSplitGain * unsplit_cost;
+  SparseSplit equal = whole;
+  double equal_cost = 0.0;
   for (int blocks_per_split = max_blocks - 1; blocks_per_split >= 1; --blocks_per_split) {
     const int splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
     if (splits > kSparseMaxSplits) break;
-    const SparseSplit candidate{splits, blocks_per_split * kSparseTileKeys};
+    const SparseSplit candidate{splits, blocks_per_split * kSparseTileKeys, 0};
     const std::size_t workspace = sparse_split_workspace_bytes(candidate, num_tokens, num_heads);
     if (workspace > kMaxSplitWorkspaceBytes) continue;
     const double cost = waves(splits) * (blocks_per_split + kItemOverheadBlocks) + kMergeCostBlocks +
                         static_cast<double>(workspace) / kMergeBytesPerBlock;
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = candidate;
+    if (equal.num_splits == 1 || cost < equal_cost) {
+      equal_cost = cost;
+      equal = candidate;
     }
   }
-  return best;
+  if (mode == SparseSplitMode::equal) return equal;
+  return equal_cost <= kMinSplitGain * waves(1) * (max_blocks + kItemOverheadBlocks) ? equal : whole;
 }
 
 bool plan_sparse_pairing(CacheFormat format, int num_heads) {
@@ -57,14 +80,22 @@ bool plan_sparse_pairing(CacheFormat format, int num_heads) {
   return format != CacheFormat::bf16 && num_heads > 0 && head_blocks % 2 == 0;
 }
 
+namespace {
+std::size_t partial_rows(const SparseSplit& split, int num_tokens, int num_heads) {
+  if (split.balanced_ctas > 0) return 2 * static_cast<std::size_t>(split.balanced_ctas) * kSparseHeadsPerItem;
+  if (split.num_splits <= 1) return 0;
+  return static_cast<std::size_t>(split.num_splits) * num_tokens * num_heads;
+}
+}  // namespace
+
 std::size_t sparse_split_lse_bytes(const SparseSplit& split, int num_tokens, int num_heads) {
-  return align_up(static_cast<std::size_t>(split.num_splits) * num_tokens * num_heads * sizeof(float));
+  return align_up(partial_rows(split, num_tokens, num_heads) * sizeof(float));
 }
 
 std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_tokens, int num_heads) {
-  if (split.num_splits <= 1) return 0;
-  return sparse_split_lse_bytes(split, num_tokens, num_heads) +
-         static_cast<std::size_t>(split.num_splits) * num_tokens * num_heads * kLatentDim * sizeof(float);
+  const std::size_t rows = partial_rows(split, num_tokens, num_heads);
+  if (rows == 0) return 0;
+  return sparse_split_lse_bytes(split, num_tokens, num_heads) + rows * kLatentDim * sizeof(float);
 }
 
 }  // namespace dsmla

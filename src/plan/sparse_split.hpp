@@ -17,22 +17,43 @@ inline constexpr int kSparseTileKeys = 64;     // keys per gathered block
 inline constexpr int kSparseHeadsPerItem = 64; // heads of one work item (wgmma M)
 inline constexpr int kSparseMaxSplits = 64;
 
+// How a token's top-k range is spread over work items (the kernel's three
+// schedules, src/cuda/sparse_mla/head_rows_work.cuh):
+//   whole (num_splits 1, balanced_ctas 0): one item per (token, head group);
+//   equal splits (num_splits > 1): num_splits items of split_keys positions;
+//   balanced (balanced_ctas > 0): the key blocks of all items, concatenated,
+//     cut into one equal range per lane (a CTA, or a cluster of two), so no
+//     wave is partly filled; only the items a range boundary cuts leave
+//     partials (at most two per CTA).
 struct SparseSplit {
   int num_splits = 1;
-  int split_keys = 0;  // top-k positions per split, a multiple of kSparseTileKeys
+  int split_keys = 0;     // top-k positions per split, a multiple of kSparseTileKeys
+  int balanced_ctas = 0;  // > 0: balanced, on at most this many CTAs
 };
 
-// Minimises waves x key blocks per work item, pricing an item's fixed cost
-// (query load, first gather, epilogue) at about one key block, and the merge
-// kernel at one block plus its read of the partial outputs. Splits when that
-// promises at least a tenth off the unsplit time, at any batch size: below one
-// wave of items to fill the GPU, above it to even out the last wave. No split
-// when topk fits one block, or when the partials would take over 256 MiB.
-SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors);
+enum class SparseSplitMode {
+  automatic,  // the cheapest of the three by the model below
+  whole,      // forced, for measurements (DSMLA_SPARSE_SPLIT, src/cuda/sparse_mla/sparse_mla.cu)
+  equal,      // the best equal split, even when it is slower than none
+  balanced,
+};
 
-// Bytes of the merge workspace for that split: part_lse [splits, tokens, heads]
-// fp32 (aligned to kWorkspaceAlignment), then part_o [splits, tokens, heads, 512] fp32.
-// 0 when num_splits is 1.
+// Automatic: while the items do not fill the multiprocessors (decode at
+// small batches), the equal split that minimises waves x key blocks per item,
+// pricing an item's fixed cost (query load, first gather, epilogue) at about
+// one key block and the merge kernel at one block plus its read of the
+// partials, when that promises at least a tenth off the whole-item time (and
+// the partials stay under 256 MiB); between one and four waves of whole
+// items, balanced when the last wave would be thin (at most 22 % of the
+// multiprocessors: measured, sparse_split.cpp); else, past one wave, the same
+// equal split rule evens out the last wave. No split when topk fits one block.
+SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors,
+                              SparseSplitMode mode = SparseSplitMode::automatic);
+
+// Bytes of the merge workspace for that split: part_lse, a float per partial
+// row (aligned to kWorkspaceAlignment), then part_o, 512 floats per row.
+// Rows: equal splits [splits, tokens, heads], balanced [2 x balanced_ctas,
+// 64]; none (0 bytes) for a whole-item schedule.
 std::size_t sparse_split_lse_bytes(const SparseSplit& split, int num_tokens, int num_heads);
 std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_tokens, int num_heads);
 

@@ -181,7 +181,7 @@ struct GpuResult {
   std::vector<std::int32_t> lse_rows;
 };
 
-GpuResult run_gpu(const Problem& pr) {
+GpuResult run_gpu(const Problem& pr, SparseSplitMode mode = SparseSplitMode::automatic) {
   const int H = pr.num_heads;
   const std::size_t n = static_cast<std::size_t>(pr.num_tokens);
   DeviceBuffer<std::uint16_t> q, o;
@@ -203,7 +203,7 @@ GpuResult run_gpu(const Problem& pr) {
   // Token i's lse goes to row kGuardRows + n - 1 - i: the mapping is honoured, nothing else written.
   for (std::size_t i = 0; i < n; ++i) r.lse_rows.push_back(static_cast<std::int32_t>(kGuardRows + n - 1 - i));
   lse_rows.upload(r.lse_rows);
-  const std::size_t ws_bytes = sparse_mla_workspace_bytes(pr.num_tokens, H, pr.topk);
+  const std::size_t ws_bytes = sparse_mla_workspace_bytes(pr.num_tokens, H, pr.topk, mode);
   if (ws_bytes > 0) workspace.resize(ws_bytes);
 
   SparseMlaParams p;
@@ -222,6 +222,7 @@ GpuResult run_gpu(const Problem& pr) {
   p.lse = lse.data();
   p.lse_rows = lse_rows.data();
   p.workspace = ws_bytes > 0 ? workspace.data() : nullptr;
+  p.split_mode = mode;
   launch_sparse_mla(p, nullptr);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   r.o = o.download();
@@ -345,8 +346,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaFewTokens,
 
 // ---------------------------------------------------------------- many tokens
 
-// Enough (token, head group) CTAs to fill the GPU: no split-KV, one CTA per
-// token walking all of its tiles.
+// Enough (token, head group) items to fill the GPU, whole (forced: the planner
+// would balance the thin last wave): persistent CTAs, each walking the whole
+// top-k range of item after item, the producer running ahead into the next.
 using ManyTokenParam = std::tuple<int, int>;  // heads, variant index
 
 class SparseMlaManyTokens : public ::testing::TestWithParam<ManyTokenParam> {};
@@ -359,7 +361,7 @@ TEST_P(SparseMlaManyTokens, MatchesReference) {
   DSMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
   const int groups = (heads + 63) / 64;
   const int num_tokens = (sm_count + groups - 1) / groups + 5;
-  ASSERT_EQ(sparse_mla_workspace_bytes(num_tokens, heads, kTopk), 0u) << "expected no split-KV";
+  ASSERT_EQ(sparse_mla_workspace_bytes(num_tokens, heads, kTopk, SparseSplitMode::whole), 0u);
   std::mt19937 rng(7u + heads);
   std::vector<int> counts(num_tokens);
   std::vector<double> holes(num_tokens);
@@ -369,7 +371,7 @@ TEST_P(SparseMlaManyTokens, MatchesReference) {
   }
   const Problem pr = make_problem(heads, kTopk, kVariants[vi], counts, holes, 99u + heads + vi);
   const Reference ref = reference(pr);
-  const GpuResult got = run_gpu(pr);
+  const GpuResult got = run_gpu(pr, SparseSplitMode::whole);
   expect_matches(pr, got, ref);
 }
 
@@ -378,6 +380,55 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaManyTokens,
                          [](const ::testing::TestParamInfo<ManyTokenParam>& info) {
                            return "H" + std::to_string(std::get<0>(info.param)) + "_" +
                                   kVariants[std::get<1>(info.param)].name;
+                         });
+
+// ---------------------------------------------------------------- schedules
+
+// Each of the kernel's three schedules (plan/sparse_split.hpp) forced on a
+// decode-like batch whatever the planner would pick: whole items, equal
+// splits, and the balanced one, whose lane boundaries cut rows at every
+// offset. 41 tokens x top-k 1024 (16 blocks a row): a lane of the 132 CTAs
+// (or 66 pairs) holds 5 to 10 blocks, so rows are cut into pieces of every
+// length and some lanes start and end inside one row; 200 tokens x top-k 256
+// (4 blocks a row): a lane holds 6 to 13 blocks, so most lanes have a whole
+// row between two cut ones. Valid counts of every kind, as above, so that
+// some pieces lie past their row's valid keys.
+using ScheduleParam = std::tuple<int, int, SparseSplitMode, int>;  // heads, variant index, mode, shape
+
+class SparseMlaSchedules : public ::testing::TestWithParam<ScheduleParam> {};
+
+TEST_P(SparseMlaSchedules, MatchesReference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  const auto [heads, vi, mode, shape] = GetParam();
+  const int topk = shape == 0 ? 1024 : 256, num_tokens = shape == 0 ? 41 : 200;
+  std::vector<int> counts;
+  std::vector<double> holes;
+  few_token_rows(topk, counts, holes);
+  std::mt19937 rng(11u + heads + shape);
+  while (static_cast<int>(counts.size()) < num_tokens) {
+    counts.push_back(rng() % 3 == 0 ? topk : static_cast<int>(rng() % (topk + 1)));
+    holes.push_back(0.0);
+  }
+  const Problem pr = make_problem(heads, topk, kVariants[vi], counts, holes, 501u * heads + vi + 7u * shape);
+  if (mode != SparseSplitMode::whole) {
+    EXPECT_GT(sparse_mla_workspace_bytes(num_tokens, heads, topk, mode), 0u) << "expected a split schedule";
+  }
+  expect_matches(pr, run_gpu(pr, mode), reference(pr));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SparseMlaSchedules,
+                         ::testing::Combine(::testing::Values(16, 64, 128), ::testing::Values(0, 1),
+                                            ::testing::Values(SparseSplitMode::whole, SparseSplitMode::equal,
+                                                              SparseSplitMode::balanced),
+                                            ::testing::Values(0, 1)),
+                         [](const ::testing::TestParamInfo<ScheduleParam>& info) {
+                           const SparseSplitMode m = std::get<2>(info.param);
+                           return "H" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  kVariants[std::get<1>(info.param)].name + "_" +
+                                  (m == SparseSplitMode::whole   ? "whole"
+                                   : m == SparseSplitMode::equal ? "equal"
+                                                                 : "balanced") +
+                                  (std::get<3>(info.param) == 0 ? "_41x1024" : "_200x256");
                          });
 
 // ---------------------------------------------------------------- contract

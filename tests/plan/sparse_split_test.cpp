@@ -14,31 +14,32 @@ namespace {
 
 constexpr int kH200Multiprocessors = 132;
 
-// The batch ranges that split, as "1-44, 67-99".
+// The batch ranges that split, with the kind, as "1-32 equal, 33-40 balanced".
 std::string split_ranges(int num_heads, int topk, int multiprocessors) {
+  auto kind = [&](int batch) -> std::string {
+    if (batch > 4 * multiprocessors) return "";
+    const SparseSplit s = plan_sparse_split(batch, num_heads, topk, multiprocessors);
+    return s.balanced_ctas > 0 ? "balanced" : s.num_splits > 1 ? "equal" : "";
+  };
   std::string out;
-  int start = 0;
-  for (int batch = 1; batch <= 4 * multiprocessors + 1; ++batch) {
-    const bool split = batch <= 4 * multiprocessors &&
-                       plan_sparse_split(batch, num_heads, topk, multiprocessors).num_splits > 1;
-    if (split && start == 0) start = batch;
-    if (!split && start != 0) {
-      out += (out.empty() ? "" : ", ") + std::to_string(start) + "-" + std::to_string(batch - 1);
-      start = 0;
-    }
+  int start = 1;
+  for (int batch = 2; batch <= 4 * multiprocessors + 1; ++batch) {
+    if (kind(batch) == kind(start)) continue;
+    if (!kind(start).empty())
+      out += (out.empty() ? "" : ", ") + std::to_string(start) + "-" + std::to_string(batch - 1) + " " + kind(start);
+    start = batch;
   }
   return out;
 }
 
-// The planner's model (sparse_split.cpp): waves x (key blocks of an item + 1),
-// plus the merge (one block and its read of the partials, 8 MiB a block).
-double modelled_cost(int batch, int heads, int topk, const SparseSplit& s) {
+// The planner's model of equal splits (sparse_split.cpp), in key blocks of an
+// item: waves x (blocks of an item + 1), plus the merge (one block and its
+// read of the partials, 8 MiB a block) when split.
+double modelled_cost(int batch, int heads, const SparseSplit& s) {
   const long items = static_cast<long>(batch) * ((heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem);
   const long waves = (items * s.num_splits + kH200Multiprocessors - 1) / kH200Multiprocessors;
-  const double blocks = s.split_keys / kSparseTileKeys;
-  const double merge =
-      s.num_splits > 1 ? 1.0 + sparse_split_workspace_bytes(s, batch, heads) / (8.0 * 1024 * 1024) : 0.0;
-  return waves * (blocks + 1.0) + merge;
+  const double merge = s.num_splits > 1 ? 1.0 + sparse_split_workspace_bytes(s, batch, heads) / (8.0 * 1024 * 1024) : 0.0;
+  return waves * (s.split_keys / kSparseTileKeys + 1.0) + merge;
 }
 
 TEST(SparseSplit, SplitsCoverTheTopkRangeInWholeBlocks) {
@@ -62,16 +63,40 @@ TEST(SparseSplit, NoSplitWhenTheWavesAreFull) {
   EXPECT_EQ(plan_sparse_split(66, 128, 2048, kH200Multiprocessors).num_splits, 1);
   EXPECT_EQ(plan_sparse_split(128, 128, 2048, kH200Multiprocessors).num_splits, 1);
   EXPECT_EQ(plan_sparse_split(132, 64, 2048, kH200Multiprocessors).num_splits, 1);
-  EXPECT_EQ(plan_sparse_split(1000, 128, 2048, kH200Multiprocessors).num_splits, 1);
-  EXPECT_EQ(plan_sparse_split(16384, 128, 2048, kH200Multiprocessors).num_splits, 1);  // a prefill
+  // Past four waves, whole items whatever the last wave (1000 tokens: 2000
+  // items, a last wave of 20; a prefill of 16380 tokens, 32760 items, a last wave of 24).
+  for (int tokens : {1000, 16384, 16380}) {
+    EXPECT_EQ(plan_sparse_split(tokens, 128, 2048, kH200Multiprocessors).num_splits, 1);
+    EXPECT_EQ(plan_sparse_split(tokens, 128, 2048, kH200Multiprocessors).balanced_ctas, 0);
+  }
 }
 
-TEST(SparseSplit, EvensOutAPartlyFilledLastWave) {
-  // H 128, batch 80: 160 items, two item times unsplit; four splits of 8
-  // blocks make 640 items in 5 waves of a quarter item each.
+TEST(SparseSplit, BalancesAThinLastWave) {
+  // H 128, batch 80: 160 items, a last wave of 28 on 132 SMs; balanced, each
+  // of the 132 CTAs takes 160 x 32 / 132 = 39 blocks.
   const SparseSplit s = plan_sparse_split(80, 128, 2048, kH200Multiprocessors);
-  EXPECT_GT(s.num_splits, 1);
-  EXPECT_GT(plan_sparse_split(140, 64, 2048, kH200Multiprocessors).num_splits, 1);
+  EXPECT_EQ(s.balanced_ctas, kH200Multiprocessors);
+  EXPECT_EQ(s.num_splits, 1);
+  EXPECT_EQ(plan_sparse_split(140, 64, 2048, kH200Multiprocessors).balanced_ctas, kH200Multiprocessors);
+  // Balanced partials: two slots of 64 head rows per CTA, whatever the batch.
+  EXPECT_EQ(sparse_split_workspace_bytes(s, 80, 128),
+            sparse_split_lse_bytes(s, 80, 128) + 2u * kH200Multiprocessors * 64 * 512 * sizeof(float));
+  EXPECT_EQ(sparse_split_workspace_bytes(s, 80, 128), sparse_split_workspace_bytes(s, 3, 16));
+}
+
+TEST(SparseSplit, ForcedModes) {
+  EXPECT_EQ(plan_sparse_split(80, 128, 2048, kH200Multiprocessors, SparseSplitMode::whole).num_splits, 1);
+  EXPECT_EQ(plan_sparse_split(80, 128, 2048, kH200Multiprocessors, SparseSplitMode::whole).balanced_ctas, 0);
+  const SparseSplit equal = plan_sparse_split(80, 128, 2048, kH200Multiprocessors, SparseSplitMode::equal);
+  EXPECT_GT(equal.num_splits, 1);
+  EXPECT_EQ(equal.balanced_ctas, 0);
+  // Forced even where the model prefers whole items (batch 128 at H 128).
+  EXPECT_EQ(plan_sparse_split(128, 128, 2048, kH200Multiprocessors, SparseSplitMode::balanced).balanced_ctas,
+            kH200Multiprocessors);
+  // Never where the kernel's 32-bit block count would overflow.
+  EXPECT_EQ(plan_sparse_split(1 << 26, 128, 2048, kH200Multiprocessors, SparseSplitMode::balanced).balanced_ctas, 0);
+  // Nor with one block of keys.
+  EXPECT_EQ(plan_sparse_split(80, 128, 64, kH200Multiprocessors, SparseSplitMode::balanced).balanced_ctas, 0);
 }
 
 TEST(SparseSplit, NoSplitForOneBlockOrNoDevice) {
@@ -80,17 +105,25 @@ TEST(SparseSplit, NoSplitForOneBlockOrNoDevice) {
   EXPECT_EQ(plan_sparse_split(0, 128, 2048, kH200Multiprocessors).num_splits, 1);
 }
 
-TEST(SparseSplit, ASplitPromisesATenthOffTheUnsplitTime) {
+TEST(SparseSplit, EqualWhenItPaysBalancedOverAThinLastWave) {
   EXPECT_GE(plan_sparse_split(1, 128, 2048, kH200Multiprocessors).num_splits, 16);  // 2 items on 132 SMs
-  // Not monotonic in the batch (waves quantise), but a chosen split's
-  // modelled time is at most 0.9x that of no split, at every batch size.
+  // Equal splits only when their modelled time is at most 0.9x that of whole
+  // items (not monotonic in the batch: waves quantise); balanced exactly
+  // between one and four waves when the last one holds at most 22 % of the
+  // multiprocessors.
+  const SparseSplit whole{1, 2048, 0};
   for (int heads : {16, 64, 128})
     for (int batch = 1; batch <= 600; ++batch) {
+      SCOPED_TRACE(testing::Message() << "heads " << heads << " batch " << batch);
       const SparseSplit s = plan_sparse_split(batch, heads, 2048, kH200Multiprocessors);
-      if (s.num_splits == 1) continue;
-      const SparseSplit none{1, 2048};
-      EXPECT_LE(modelled_cost(batch, heads, 2048, s), 0.9 * modelled_cost(batch, heads, 2048, none))
-          << "heads " << heads << " batch " << batch;
+      const long items = static_cast<long>(batch) * ((heads + 63) / 64);
+      const long last_wave = items % kH200Multiprocessors;
+      if (s.num_splits > 1) {
+        EXPECT_LE(modelled_cost(batch, heads, s), 0.9 * modelled_cost(batch, heads, whole));
+      }
+      const bool thin = items > kH200Multiprocessors && items <= 4 * kH200Multiprocessors && last_wave > 0 &&
+                        last_wave <= 0.22 * kH200Multiprocessors;
+      EXPECT_EQ(s.balanced_ctas > 0, thin);
     }
 }
 

@@ -29,14 +29,14 @@ int pairing_setting() {
 }
 
 template <CacheFormat F, bool kPaired>
-void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
+LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
   void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
+  std::int64_t resident = sm_count;  // CTAs that fit at once
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(std::min(items, sm_count)));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
@@ -64,30 +64,47 @@ void launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
                      static_cast<int>(F), clusters, static_cast<long long>(sm_count));
       return clusters;
     });
-    config.gridDim = dim3(static_cast<unsigned>(2 * std::min(items / 2, std::min(pairs, sm_count / 2))));
+    resident = 2 * std::min(pairs, sm_count / 2);
   }
+  // A lane: a CTA, or a cluster when paired; each takes the items of one row
+  // at a time (head_rows_work.cuh, Schedule).
+  constexpr int kItemsPerRow = kPaired ? 2 : 1;
   KernelArgs kernel_args = args;  // cudaLaunchKernelEx takes the arguments' addresses as void*
+  std::int64_t lanes = std::min(items, resident) / kItemsPerRow;
+  if (args.lanes > 0) {
+    // Balanced: as many lanes as fit, but no more than the rows' key blocks
+    // (so that every lane gets at least one).
+    const std::int64_t key_blocks = items / kItemsPerRow * ((args.p.topk + kBlockKeys - 1) / kBlockKeys);
+    if (key_blocks > INT32_MAX)  // the schedule counts blocks in 32 bits (head_rows_work.cuh)
+      throw Error("sparse MLA kernel: balanced schedule over " + std::to_string(key_blocks) +
+                  " key blocks exceeds 2^31");
+    lanes = std::min({static_cast<std::int64_t>(args.lanes), resident / kItemsPerRow, key_blocks});
+    kernel_args.lanes = static_cast<int>(lanes);
+  }
+  config.gridDim = dim3(static_cast<unsigned>(lanes * kItemsPerRow));
   check_cuda(cudaLaunchKernelEx(&config, kernel, kernel_args), "sparse MLA kernel launch");
+  return {kernel_args.lanes, kItemsPerRow};
 }
 
 template <CacheFormat F>
-void launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
+LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
-  launch<F, false>(args, items, stream);
+  return launch<F, false>(args, items, stream);
 }
 
 }  // namespace
 
-void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
+LaneLaunch run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
   using head_rows::head_blocks;
   const std::int64_t items =
       static_cast<std::int64_t>(args.p.num_tokens) * head_blocks(args.p.num_heads) * args.num_splits;
   if (items > INT32_MAX) throw Error("sparse MLA kernel: " + std::to_string(items) + " work items exceed 2^31");
   switch (args.p.format) {
-    case CacheFormat::bf16: launch<CacheFormat::bf16, false>(args, items, stream); break;
-    case CacheFormat::fp8_ds_mla: launch_format<CacheFormat::fp8_ds_mla>(args, items, stream); break;
-    case CacheFormat::fp8: launch_format<CacheFormat::fp8>(args, items, stream); break;
+    case CacheFormat::bf16: return launch<CacheFormat::bf16, false>(args, items, stream);
+    case CacheFormat::fp8_ds_mla: return launch_format<CacheFormat::fp8_ds_mla>(args, items, stream);
+    case CacheFormat::fp8: return launch_format<CacheFormat::fp8>(args, items, stream);
   }
+  return {};
 }
 
 }  // namespace dsmla::cuda::sparse_mla_detail

@@ -400,20 +400,18 @@ struct Consumer {
   __device__ __forceinline__ void store(const float* sums) {
     const WorkItem& w = item;
     const SparseMlaParams& p = *w.p;
-    const bool split = w.args->num_splits > 1;
+    const bool partial = w.part_row >= 0;
     auto inv = [&](int hi) {
       const float l = sums[row(hi)] + sums[kRows + row(hi)];
       return l > 0.f ? 1.f / l : 0.f;
     };
-    if (split) {  // fp32 partial results for the combine kernel
+    if (partial) {  // fp32 partial results for the merge kernel
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         const int r = row(hi);
         if (r >= w.heads) continue;
         const float f = inv(hi);
-        const std::int64_t out_row =
-            (static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + w.head0 + r;
-        float* dst = w.args->part_o + out_row * 512 + 256 * kWg + 2 * tq;
+        float* dst = w.args->part_o + static_cast<std::int64_t>(w.part_row + r) * 512 + 256 * kWg + 2 * tq;
 #pragma unroll
         for (int j = 0; j < 32; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * hi] * f, o[4 * j + 2 * hi + 1] * f);
@@ -452,8 +450,8 @@ struct Consumer {
       if (r < w.heads && kWg == 0 && tq == 0) {
         const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * sm::kLn2 : -INFINITY;
         const int head = w.head0 + r;
-        if (split) {
-          w.args->part_lse[(static_cast<std::int64_t>(w.split) * p.num_tokens + w.token) * p.num_heads + head] = lse;
+        if (partial) {
+          w.args->part_lse[w.part_row + r] = lse;
         } else if (p.lse != nullptr) {
           const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
           p.lse[lse_row * p.num_heads + head] = lse;

@@ -17,38 +17,40 @@ namespace pl = dsmla::cuda::pipeline;
 namespace mma = dsmla::cuda::wgmma;
 namespace sm = dsmla::cuda::softmax;
 
-// One work item: a token, a block of 64 heads and a split of its top-k range.
-// Items are numbered token-major, so the head blocks of a token (which read
-// the same keys) run at about the same time on neighbouring CTAs.
+// One work item: a token, a block of 64 heads and a range of its top-k
+// positions: the whole range, one of equal splits, or the part of it that
+// falls into one lane of the balanced schedule (Schedule below).
 struct WorkItem {
   const SparseMlaParams* p;
   const KernelArgs* args;
-  int token, head0, heads, split;
-  int key_begin, key_end;  // top-k positions of this split (the valid ones)
+  int token, head0, heads;
+  int part_row;            // -1: the output is final; else the partial's row of head row 0 in part_lse / part_o
+  int key_begin, key_end;  // top-k positions of this item (the valid ones)
   int blocks;              // blocks of 64 keys
   int rounds;              // rounds of two key blocks (the last one may hold one)
   const std::int32_t* slot_row;
 
   WorkItem() = default;
-  // `count` = valid_counts[token_of(a, item)], loaded ahead by the caller.
-  __device__ WorkItem(const KernelArgs& a, int item, int count) : p(&a.p), args(&a) {
+  // Item `item` (token-major over head blocks, no split) over key blocks
+  // [block_begin, block_end) of its top-k range; `count` = its token's valid
+  // count, loaded ahead by the caller. An item at or past num_items has no keys.
+  // Its output is final (slot < 0), or partial: slot `slot` of 64 rows
+  // (balanced), or split `slot` of the equal splits' [splits, tokens, heads]
+  // rows (< 2^31: the planner caps the partials at 256 MiB).
+  __device__ WorkItem(const KernelArgs& a, int item, int count, int block_begin, int block_end, int slot,
+                      bool balanced)
+      : p(&a.p), args(&a) {
     const int blocks_of_heads = head_blocks(p->num_heads);
-    split = item % a.num_splits;
-    const int token_block = item / a.num_splits;
-    token = token_block / blocks_of_heads;
-    head0 = (token_block % blocks_of_heads) * kRows;
+    token = item / blocks_of_heads;
+    head0 = (item % blocks_of_heads) * kRows;
     heads = min(kRows, p->num_heads - head0);
+    part_row = slot < 0 ? -1 : balanced ? slot * kRows : (slot * p->num_tokens + token) * p->num_heads + head0;
     count = min(max(count, 0), p->topk);
-    key_begin = split * a.split_keys;
-    key_end = min(key_begin + a.split_keys, count);
+    key_begin = block_begin * kBlockKeys;
+    key_end = min(block_end * kBlockKeys, count);
     blocks = key_end > key_begin ? (key_end - key_begin + kBlockKeys - 1) / kBlockKeys : 0;
     rounds = (blocks + 1) / 2;
     slot_row = p->slots + static_cast<std::int64_t>(token) * p->topk;
-  }
-  // The valid count of an item's token (a load the caller issues early), 0 past the last item.
-  static __device__ __forceinline__ int load_count(const KernelArgs& a, int item, int items) {
-    if (item >= items) return 0;
-    return __ldg(a.p.valid_counts + item / a.num_splits / head_blocks(a.p.num_heads));
   }
   // The slot of key `key` of block `block` as stored (-1 past the valid range):
   // a load with no use attached, so that several can be in flight at once.
@@ -62,9 +64,8 @@ struct WorkItem {
   }
 };
 
-inline __device__ int num_items(const KernelArgs& a) {
-  return a.p.num_tokens * head_blocks(a.p.num_heads) * a.num_splits;
-}
+// Items without splits: (token, head block), token-major.
+inline __device__ int num_items(const KernelArgs& a) { return a.p.num_tokens * head_blocks(a.p.num_heads); }
 
 // Rank of this CTA in its cluster of two (paired kernel). The launch makes
 // clusters of two consecutive CTAs of a 1-D grid, so it is blockIdx.x % 2 —
@@ -75,40 +76,80 @@ inline __device__ int num_items(const KernelArgs& a) {
 __device__ __forceinline__ int pair_rank() { return static_cast<int>(blockIdx.x & 1u); }
 
 // The items a CTA visits, in order: positions start, start + stride, ... below
-// `count`, and item(pos) the item at a position. Alone (kPaired false) a CTA
-// takes every gridDim.x-th item. Paired, the two CTAs of a cluster take the
-// two head blocks of one (token, head-block pair, split) together (the key
-// gathers they share, head_rows_layout.cuh): positions number the pairs, and
-// rank r takes head block 2 j + r of pair j. Both CTAs of a cluster see the
-// same tokens and splits, hence the same rounds, in the same order.
+// `count`, and work(pos) the item at a position. A row is what one lane works
+// on at a time: an item alone, or paired (kPaired) the two head blocks 2 j and
+// 2 j + 1 of one token, which the two CTAs of a cluster (ranks 0 and 1) take
+// together (the key gathers they share, head_rows_layout.cuh), so both CTAs of
+// a cluster see the same tokens and ranges, hence the same rounds, in order.
+// A lane is a CTA alone, or a cluster. Three schedules (KernelArgs):
+//   whole / equal splits: the rows x splits, lane l takes every L-th (L lanes
+//     of the grid) starting at l;
+//   balanced (lanes > 0): the key blocks of all rows, concatenated row after
+//     row, cut into `lanes` equal ranges; lane l takes its range as the
+//     pieces the row boundaries cut it into (positions = its rows). A piece
+//     that is not a whole row is a partial: the lane's first piece goes to
+//     slot 2 c, its last to 2 c + 1 (c = blockIdx.x), merged afterwards by
+//     the launcher's merge kernel (sparse_mla.cu), which finds them the same way.
 template <bool kPaired>
 struct Schedule {
+  static constexpr int kItemsPerRow = kPaired ? 2 : 1;
+  // Positions: rows x splits (whole / equal splits), or rows (balanced: the
+  // lane's rows, start = its first); no more state than that, so that the
+  // producer's registers stay as they were before the balanced schedule.
   int start, stride, count, rank, splits;
 
   __device__ explicit Schedule(const KernelArgs& a) : splits(a.num_splits) {
-    if constexpr (kPaired) {
-      rank = pair_rank();
-      start = static_cast<int>(blockIdx.x) / 2;
-      stride = static_cast<int>(gridDim.x) / 2;
-      count = num_items(a) / 2;  // head_blocks is even when paired (the launcher's choice)
+    rank = kPaired ? pair_rank() : 0;
+    if (a.lanes > 0) {
+      const LaneRange r = lane_range(a);
+      start = r.first / r.row_blocks;
+      stride = 1;
+      count = r.end > r.first ? (r.end - 1) / r.row_blocks + 1 : 0;
     } else {
-      rank = 0;
-      start = static_cast<int>(blockIdx.x);
-      stride = static_cast<int>(gridDim.x);
-      count = num_items(a);
+      start = static_cast<int>(blockIdx.x) / kItemsPerRow;
+      stride = static_cast<int>(gridDim.x) / kItemsPerRow;
+      count = num_items(a) / kItemsPerRow * splits;  // head_blocks is even when paired (the launcher's choice)
     }
   }
-  __device__ int item(int pos) const {
-    if constexpr (!kPaired) return pos;
-    // Pair j = (token, head-block pair) x split; items are (token, head block) x split.
-    return (2 * (pos / splits) + rank) * splits + pos % splits;
+  // Balanced: this lane's range of the rows' concatenated key blocks (< 2^31,
+  // the launcher's check), recomputed where needed rather than held.
+  struct LaneRange {
+    int first, end, row_blocks;
+  };
+  static __device__ LaneRange lane_range(const KernelArgs& a) {
+    const int lane = static_cast<int>(blockIdx.x) / kItemsPerRow;
+    const int row_blocks = (a.p.topk + kBlockKeys - 1) / kBlockKeys;
+    const int total = num_items(a) / kItemsPerRow * row_blocks;
+    return {lane_start(total, lane, a.lanes), lane_start(total, lane + 1, a.lanes), row_blocks};
   }
+  // The item (no split) at `pos`.
+  __device__ int item(int pos) const { return kItemsPerRow * (pos / splits) + rank; }
   // The valid count of the item at `pos` (a load issued early), 0 past the last one.
   __device__ int load_count(const KernelArgs& a, int pos) const {
-    return pos < count ? WorkItem::load_count(a, item(pos), num_items(a)) : 0;
+    return pos < count ? __ldg(a.p.valid_counts + item(pos) / head_blocks(a.p.num_heads)) : 0;
   }
+  // One construction for every schedule (separate ones, merged, made ptxas
+  // address the kernel parameters through a generic pointer: slower loads,
+  // and the output stores lost their global-space form).
   __device__ WorkItem work(const KernelArgs& a, int pos, int valid_count) const {
-    return WorkItem(a, pos < count ? item(pos) : num_items(a), valid_count);
+    const bool balanced = a.lanes > 0;
+    int it = num_items(a), begin = 0, end = 0, slot = -1;
+    if (pos < count) {
+      it = item(pos);
+      if (balanced) {
+        const LaneRange r = lane_range(a);
+        const int row_start = pos * r.row_blocks;
+        begin = max(r.first - row_start, 0);
+        end = min(r.end - row_start, r.row_blocks);
+        if (begin > 0 || end < r.row_blocks) slot = 2 * static_cast<int>(blockIdx.x) + (pos == start ? 0 : 1);
+      } else {
+        const int split = pos % splits, split_blocks = a.split_keys / kBlockKeys;
+        begin = split * split_blocks;
+        end = begin + split_blocks;
+        if (splits > 1) slot = split;
+      }
+    }
+    return WorkItem(a, it, pos < count ? valid_count : 0, begin, end, slot, balanced);
   }
 };
 

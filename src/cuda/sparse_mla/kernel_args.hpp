@@ -1,5 +1,5 @@
-// What the sparse MLA launcher passes to the kernel (one work item per
-// token x head block x split of the top-k range).
+// What the sparse MLA launcher passes to the kernel (work items: token x head
+// block x a range of the top-k positions).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,11 +16,32 @@ struct KernelArgs {
   SparseMlaParams p;
   int split_keys = 0;          // top-k positions per split, a multiple of kTileKeys
   int num_splits = 1;
-  float* part_lse = nullptr;   // [num_splits, num_tokens, num_heads] (num_splits > 1)
-  float* part_o = nullptr;     // [num_splits, num_tokens, num_heads, 512]
+  // > 0: the balanced schedule over this many lanes (head_rows_work.cuh,
+  // Schedule), set by the launcher; num_splits is then 1.
+  int lanes = 0;
+  // Partial results. Equal splits: rows [num_splits, num_tokens, num_heads];
+  // balanced: rows [2 x CTAs, 64] (two slots of a CTA's 64 head rows).
+  float* part_lse = nullptr;   // a float per row
+  float* part_o = nullptr;     // 512 floats per row
+};
+
+// Where lane `lane` of `lanes` starts in the balanced schedule's `total`
+// concatenated key blocks (head_rows_work.cuh, Schedule): floor(lane total /
+// lanes), in 32-bit arithmetic (total < 2^31, the launcher's check; lane <=
+// lanes <= the multiprocessor count).
+__host__ __device__ __forceinline__ int lane_start(int total, int lane, int lanes) {
+  return lane * (total / lanes) + lane * (total % lanes) / lanes;
+}
+
+// How a balanced launch went, for the merge kernel: the lanes launched (with
+// args.lanes > 0 no more than that, nor than fit, nor than key blocks; 0 when
+// not balanced) and the items a lane takes at a time (2 when paired).
+struct LaneLaunch {
+  int lanes = 0;
+  int items_per_row = 1;
 };
 
 // The warp-specialised kernel, every cache format and head count (head_rows_kernel.cuh).
-void run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream);
+LaneLaunch run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream);
 
 }  // namespace dsmla::cuda::sparse_mla_detail

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/common/launch.hpp"
@@ -23,27 +24,25 @@ static_assert(kTileKeys == kSparseTileKeys && kHeadsPerCta == kSparseHeadsPerIte
 
 constexpr int kCombineThreads = kValueDim / 4;  // 4 columns per thread
 
-// out = sum_s exp(lse_s - lse) o_s with lse = log sum_s exp(lse_s); empty splits
-// (lse_s = -inf) are never read. One CTA per (token, head).
-__global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(
-    const float* __restrict__ part_lse, const float* __restrict__ part_o, int num_splits, int num_tokens,
-    int num_heads, __nv_bfloat16* __restrict__ o_lat, float* __restrict__ lse_out,
-    const std::int32_t* __restrict__ lse_rows) {
-  const int token = blockIdx.x;
-  const int head = blockIdx.y;
-  const std::int64_t split_stride = static_cast<std::int64_t>(num_tokens) * num_heads;
-  const std::int64_t row = static_cast<std::int64_t>(token) * num_heads + head;
+// out = sum_s exp(lse_s - lse) o_s over the partials of one (token, head):
+// `row_of(s)` is the row of partial s < n in part_lse / part_o. Empty
+// partials (lse_s = -inf) are never read.
+template <class RowOf>
+__device__ __forceinline__ void merge_partials(const float* __restrict__ part_lse, const float* __restrict__ part_o,
+                                               int n, RowOf row_of, __nv_bfloat16* __restrict__ o_lat,
+                                               float* __restrict__ lse_out, std::int64_t out_row,
+                                               std::int64_t lse_index) {
   float lse_max = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) lse_max = fmaxf(lse_max, part_lse[s * split_stride + row]);
+  for (int s = 0; s < n; ++s) lse_max = fmaxf(lse_max, part_lse[row_of(s)]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float weight_sum = 0.f;
   if (lse_max != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float ls = part_lse[s * split_stride + row];
+    for (int s = 0; s < n; ++s) {
+      const std::int64_t r = row_of(s);
+      const float ls = part_lse[r];
       if (ls == -INFINITY) continue;
       const float w = __expf(ls - lse_max);
-      const float4 v =
-          reinterpret_cast<const float4*>(part_o + (s * split_stride + row) * kValueDim)[threadIdx.x];
+      const float4 v = reinterpret_cast<const float4*>(part_o + r * kValueDim)[threadIdx.x];
       acc.x += w * v.x;
       acc.y += w * v.y;
       acc.z += w * v.z;
@@ -57,11 +56,60 @@ __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(
   uint2 packed;
   packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
   packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
-  reinterpret_cast<uint2*>(o_lat + row * kValueDim)[threadIdx.x] = packed;
-  if (threadIdx.x == 0 && lse_out != nullptr) {
-    const std::int64_t lse_row = lse_rows != nullptr ? lse_rows[token] : token;
-    lse_out[lse_row * num_heads + head] = weight_sum > 0.f ? lse_max + logf(weight_sum) : -INFINITY;
-  }
+  reinterpret_cast<uint2*>(o_lat + out_row * kValueDim)[threadIdx.x] = packed;
+  if (threadIdx.x == 0 && lse_out != nullptr)
+    lse_out[lse_index] = weight_sum > 0.f ? lse_max + logf(weight_sum) : -INFINITY;
+}
+
+// Equal splits: the partials of (token, head) are rows s x tokens x heads + row.
+// One CTA per (token, head).
+__global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(
+    const float* __restrict__ part_lse, const float* __restrict__ part_o, int num_splits, int num_tokens,
+    int num_heads, __nv_bfloat16* __restrict__ o_lat, float* __restrict__ lse_out,
+    const std::int32_t* __restrict__ lse_rows) {
+  const int token = blockIdx.x;
+  const int head = blockIdx.y;
+  const std::int64_t split_stride = static_cast<std::int64_t>(num_tokens) * num_heads;
+  const std::int64_t row = static_cast<std::int64_t>(token) * num_heads + head;
+  const std::int64_t lse_row = lse_rows != nullptr ? lse_rows[token] : token;
+  merge_partials(part_lse, part_o, num_splits, [&](int s) { return s * split_stride + row; }, o_lat, lse_out, row,
+                 lse_row * num_heads + head);
+}
+
+// Balanced schedule (head_rows_work.cuh, Schedule): the rows' key blocks,
+// concatenated, cut into `lanes` ranges [l T / lanes, (l + 1) T / lanes). A row
+// that one lane holds whole was written as final by the kernel; one that
+// lanes l0 < l1 share left a partial in each of them: in slot 2 c of CTA c of
+// lane l when it is the lane's first row, else (its last) in 2 c + 1.
+// `items_per_row` is 2 for the paired kernel (CTA 2 l + rank takes head block
+// 2 j + rank of row j), else 1. One CTA per (token, head).
+__global__ void __launch_bounds__(kCombineThreads) sparse_mla_merge_lanes_kernel(
+    const float* __restrict__ part_lse, const float* __restrict__ part_o, int lanes, int items_per_row,
+    int row_blocks, int num_tokens, int num_heads, __nv_bfloat16* __restrict__ o_lat, float* __restrict__ lse_out,
+    const std::int32_t* __restrict__ lse_rows) {
+  const int token = blockIdx.x;
+  const int head = blockIdx.y;
+  const int head_blocks = (num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
+  const int item = token * head_blocks + head / kHeadsPerCta;
+  const int row = item / items_per_row;
+  const int rank = item % items_per_row;
+  const int total = num_tokens * head_blocks / items_per_row * row_blocks;  // < 2^31 (run_head_rows_kernel)
+  // The lane that holds block g: the last one starting at or before it.
+  auto lane_of = [&](int g) { return static_cast<int>(((g + 1) * static_cast<std::int64_t>(lanes) - 1) / total); };
+  const int first = lane_of(row * row_blocks), last = lane_of((row + 1) * row_blocks - 1);
+  if (first == last) return;  // whole in one lane: final already
+  const std::int64_t out_row = static_cast<std::int64_t>(token) * num_heads + head;
+  const std::int64_t lse_row = lse_rows != nullptr ? lse_rows[token] : token;
+  // Every lane holds at least one block (the launcher's choice), so each one
+  // from first to last holds a piece of this row; the row is its first piece
+  // when it starts inside the row (lane_start, kernel_args.hpp, inlined).
+  const int per_lane = total / lanes, rest = total % lanes;
+  merge_partials(part_lse, part_o, last - first + 1, [&](int s) -> std::int64_t {
+        const int l = first + s;
+        const int slot_in_cta = l * per_lane + l * rest / lanes >= row * row_blocks ? 0 : 1;
+        return (2 * static_cast<std::int64_t>(l * items_per_row + rank) + slot_in_cta) * kHeadsPerCta +
+               head % kHeadsPerCta;
+      }, o_lat, lse_out, out_row, lse_row * num_heads + head);
 }
 
 void check_params(const SparseMlaParams& p) {
@@ -85,39 +133,67 @@ void check_params(const SparseMlaParams& p) {
   }
 }
 
+// DSMLA_SPARSE_SPLIT in the environment (read once): unset or "auto" lets the
+// planner choose; "whole", "equal" or "balanced" forces that schedule (to
+// measure one against another; plan/sparse_split.hpp).
+SparseSplitMode env_split_mode() {
+  static const SparseSplitMode mode = [] {
+    const char* env = std::getenv("DSMLA_SPARSE_SPLIT");
+    const std::string text = env != nullptr ? env : "";
+    if (text.empty() || text == "auto") return SparseSplitMode::automatic;
+    if (text == "whole") return SparseSplitMode::whole;
+    if (text == "equal") return SparseSplitMode::equal;
+    if (text == "balanced") return SparseSplitMode::balanced;
+    throw Error("DSMLA_SPARSE_SPLIT='" + text + "' (expected auto, whole, equal or balanced)");
+  }();
+  return mode;
+}
+
+SparseSplit choose_split(int num_tokens, int num_heads, int topk, SparseSplitMode mode) {
+  if (mode == SparseSplitMode::automatic) mode = env_split_mode();
+  return plan_sparse_split(num_tokens, num_heads, topk, multiprocessor_count(), mode);
+}
+
 }  // namespace
 
-std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk) {
+std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk, SparseSplitMode mode) {
   if (num_tokens <= 0 || num_heads <= 0 || topk <= 0) return 0;
-  return sparse_split_workspace_bytes(plan_sparse_split(num_tokens, num_heads, topk, multiprocessor_count()),
-                                      num_tokens, num_heads);
+  return sparse_split_workspace_bytes(choose_split(num_tokens, num_heads, topk, mode), num_tokens, num_heads);
 }
 
 void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   check_params(p);
   if (p.num_tokens == 0) return;
-  const SparseSplit split = plan_sparse_split(p.num_tokens, p.num_heads, p.topk, multiprocessor_count());
+  const SparseSplit split = choose_split(p.num_tokens, p.num_heads, p.topk, p.split_mode);
+  const std::size_t workspace_bytes = sparse_split_workspace_bytes(split, p.num_tokens, p.num_heads);
 
   sparse_mla_detail::KernelArgs args;
   args.p = p;
   args.split_keys = split.split_keys;
   args.num_splits = split.num_splits;
-  if (split.num_splits > 1) {
+  args.lanes = split.balanced_ctas;  // an upper bound: the launcher sets the lanes it launches
+  if (workspace_bytes > 0) {
     if (p.workspace == nullptr || reinterpret_cast<std::uintptr_t>(p.workspace) % kWorkspaceAlignment != 0) {
-      throw Error("sparse MLA: " + std::to_string(split.num_splits) +
-                  "-way split needs a 256-byte aligned workspace of " +
-                  std::to_string(sparse_split_workspace_bytes(split, p.num_tokens, p.num_heads)) + " bytes");
+      throw Error("sparse MLA: " +
+                  (split.balanced_ctas > 0 ? std::string("the balanced schedule")
+                                           : std::to_string(split.num_splits) + "-way split") +
+                  " needs a 256-byte aligned workspace of " + std::to_string(workspace_bytes) + " bytes");
     }
     auto* base = static_cast<std::uint8_t*>(p.workspace);
     args.part_lse = reinterpret_cast<float*>(base);
     args.part_o = reinterpret_cast<float*>(base + sparse_split_lse_bytes(split, p.num_tokens, p.num_heads));
   }
 
-  sparse_mla_detail::run_head_rows_kernel(args, stream);
+  const sparse_mla_detail::LaneLaunch lanes = sparse_mla_detail::run_head_rows_kernel(args, stream);
   check_launch("sparse MLA kernel");
 
-  if (split.num_splits > 1) {
-    const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
+  if (split.balanced_ctas > 0) {
+    sparse_mla_merge_lanes_kernel<<<grid, kCombineThreads, 0, stream>>>(
+        args.part_lse, args.part_o, lanes.lanes, lanes.items_per_row, (p.topk + kTileKeys - 1) / kTileKeys,
+        p.num_tokens, p.num_heads, p.o_lat, p.lse, p.lse_rows);
+    check_launch("sparse MLA merge kernel");
+  } else if (split.num_splits > 1) {
     sparse_mla_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(args.part_lse, args.part_o, split.num_splits,
                                                                     p.num_tokens, p.num_heads, p.o_lat, p.lse,
                                                                     p.lse_rows);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "dsmla/types.hpp"
+#include "plan/sparse_split.hpp"
 
 namespace dsmla::cuda {
 
@@ -32,6 +33,10 @@ struct SparseMlaParams {
   // num_heads, topk) bytes of device memory, 256-byte aligned, owned by the
   // caller. May be null when that size is 0. Its contents need no initialisation.
   void* workspace = nullptr;
+  // How the top-k ranges are spread over work items (plan/sparse_split.hpp):
+  // automatic follows DSMLA_SPARSE_SPLIT when set, else the planner. Pass the
+  // same mode to sparse_mla_workspace_bytes.
+  SparseSplitMode split_mode = SparseSplitMode::automatic;
 };
 
 // Any slot outside [0, num_slots) is treated as empty: the kernel never reads
@@ -44,11 +49,13 @@ struct SparseMlaParams {
 void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream);
 
 // Device bytes launch_sparse_mla needs in SparseMlaParams::workspace for this
-// shape on the current device. When few tokens cannot fill the GPU (decode),
-// the top-k range of each token is split over several CTAs whose partial
-// outputs (fp32) and log-sum-exps are merged by a second kernel; the split
-// count depends only on (num_tokens, num_heads, topk) and the device's
-// multiprocessor count, so this size is fixed for a planned batch. 0 = no split.
-std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk);
+// shape on the current device. When the (token, head group) items fill the GPU
+// badly (decode: fewer items than multiprocessors, or a last wave partly
+// filled), the top-k ranges are split over several CTAs whose partial outputs
+// (fp32) and log-sum-exps a second kernel merges; the choice depends only on
+// (num_tokens, num_heads, topk), the mode and the device's multiprocessor
+// count, so this size is fixed for a planned batch. 0 = no split.
+std::size_t sparse_mla_workspace_bytes(int num_tokens, int num_heads, int topk,
+                                       SparseSplitMode mode = SparseSplitMode::automatic);
 
 }  // namespace dsmla::cuda

@@ -371,9 +371,9 @@ int main(int argc, char** argv) {
               g_own_inputs ? "own (--own-inputs)" : "as anchors_bench.py");
   std::vector<Case> cases;
   if (decode_sweep) {
-    for (int batch : {32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192})
+    for (int batch : {1, 16, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192})
       cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, batch, 8192, 2048, 0));
-    for (int batch : {64, 96, 112, 128, 144, 160, 192, 256})
+    for (int batch : {1, 16, 64, 96, 112, 128, 144, 160, 192, 256})
       cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, batch, 8192, 2048, 0));
   } else if (small_heads) {
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
