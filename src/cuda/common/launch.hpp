@@ -46,6 +46,28 @@ inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kern
   });
 }
 
+// Launches `kernel` on `stream` with programmatic dependent launch (sm_90):
+// it may be scheduled before the previous kernel of the stream has finished
+// (as soon as every CTA of that one called
+// cudaTriggerProgrammaticLaunchCompletion() or exited), so its launch
+// latency hides behind the other's tail. The kernel must call
+// cudaGridDependencySynchronize() before it reads anything the previous
+// kernel wrote. Captured graphs keep the programmatic edge.
+template <class... Params, class... Args>
+void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                         const char* kernel_name, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute programmatic = {};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &programmatic;
+  config.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), kernel_name);
+}
+
 // Multiprocessors of the current device.
 inline int multiprocessor_count() {
   int device = 0, count = 0;

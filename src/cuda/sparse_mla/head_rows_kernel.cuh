@@ -24,6 +24,10 @@ template <CacheFormat F, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
+  // A split's merge kernel (launched programmatically, sparse_mla.cu) may
+  // start now: it takes multiprocessors this grid leaves idle and waits for
+  // this grid to complete before it reads the partials.
+  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // The runtime aligns dynamic smem to 16 B only; round up to the swizzle atom.
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);

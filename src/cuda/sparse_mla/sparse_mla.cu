@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(
     const float* __restrict__ part_lse, const float* __restrict__ part_o, int num_splits, int num_tokens,
     int num_heads, __nv_bfloat16* __restrict__ o_lat, float* __restrict__ lse_out,
     const std::int32_t* __restrict__ lse_rows) {
+  cudaGridDependencySynchronize();  // launched programmatically: the partials are complete past this
   const int token = blockIdx.x;
   const int head = blockIdx.y;
   const std::int64_t split_stride = static_cast<std::int64_t>(num_tokens) * num_heads;
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(kCombineThreads) sparse_mla_merge_lanes_kernel
     const float* __restrict__ part_lse, const float* __restrict__ part_o, int lanes, int items_per_row,
     int row_blocks, int num_tokens, int num_heads, __nv_bfloat16* __restrict__ o_lat, float* __restrict__ lse_out,
     const std::int32_t* __restrict__ lse_rows) {
+  cudaGridDependencySynchronize();  // launched programmatically: the partials are complete past this
   const int token = blockIdx.x;
   const int head = blockIdx.y;
   const int head_blocks = (num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
@@ -188,16 +190,19 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t stream) {
   check_launch("sparse MLA kernel");
 
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
+  // The merge starts on the multiprocessors the sparse kernel leaves idle or
+  // frees, and waits there for it (the sparse kernel lets it launch at once).
   if (split.balanced_ctas > 0) {
-    sparse_mla_merge_lanes_kernel<<<grid, kCombineThreads, 0, stream>>>(
-        args.part_lse, args.part_o, lanes.lanes, lanes.items_per_row, (p.topk + kTileKeys - 1) / kTileKeys,
-        p.num_tokens, p.num_heads, p.o_lat, p.lse, p.lse_rows);
-    check_launch("sparse MLA merge kernel");
+    launch_programmatic(sparse_mla_merge_lanes_kernel, grid, dim3(kCombineThreads), stream,
+                        "sparse MLA merge kernel launch", static_cast<const float*>(args.part_lse),
+                        static_cast<const float*>(args.part_o), lanes.lanes, lanes.items_per_row,
+                        (p.topk + kTileKeys - 1) / kTileKeys, p.num_tokens, p.num_heads, p.o_lat, p.lse,
+                        p.lse_rows);
   } else if (split.num_splits > 1) {
-    sparse_mla_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(args.part_lse, args.part_o, split.num_splits,
-                                                                    p.num_tokens, p.num_heads, p.o_lat, p.lse,
-                                                                    p.lse_rows);
-    check_launch("sparse MLA combine kernel");
+    launch_programmatic(sparse_mla_combine_kernel, grid, dim3(kCombineThreads), stream,
+                        "sparse MLA combine kernel launch", static_cast<const float*>(args.part_lse),
+                        static_cast<const float*>(args.part_o), split.num_splits, p.num_tokens, p.num_heads,
+                        p.o_lat, p.lse, p.lse_rows);
   }
 }
 
