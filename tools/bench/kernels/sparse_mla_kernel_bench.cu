@@ -3,11 +3,15 @@
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
 //   build/sparse_mla_kernel_bench [--quick | --small-heads | --decode-sweep] [--case TEXT] [--own-inputs]
+//                                 [--gather-ceiling]
 //
 // --small-heads: the H 16 / 32 cases next to H 128.
 // --decode-sweep: fp8_ds_mla decode at H 128 and H 64 over the batch sizes
 // between and past the anchors' (where the split-KV choice changes; FlashMLA
 // at the same batches: bench/flashmla_decode_sweep.py).
+// --gather-ceiling: after each case, the time to read its valid key rows once
+// with nothing else (gather_ceiling.cuh), and the case's gathered bytes per
+// second against it.
 // --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
 // H128 B128"), so a profiler sees one case's launches.
 //
@@ -39,6 +43,7 @@
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
+#include "gather_ceiling.cuh"
 #include "synthetic_inputs.hpp"
 
 namespace {
@@ -61,6 +66,7 @@ using dsmla::bench::mix64;
 //     [-1.5, 1.5] and cache values in [-1, 1], random finite e4m3 codes, tile
 //     scales in [0.5, 1.5] / 448; DeepSeek-V3.2's softmax scale.
 bool g_own_inputs = false;
+bool g_gather_ceiling = false;  // --gather-ceiling
 
 // Element i of a tensor seeded `seed` as bf16 bits: uniform in [-amp, amp) (own inputs) or standard normal (the anchors').
 __device__ inline std::uint16_t random_bf16(std::uint64_t i, std::uint64_t seed, float amp, bool own) {
@@ -340,6 +346,18 @@ Result run_case(const Case& c, int warmup, int reps) {
   r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
   std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3,
               ms.back() * 1e3, r.tflops);
+  if (g_gather_ceiling) {
+    // Bytes the kernel gathers: every valid row once per head block (paired
+    // CTAs split a row's loads between them, so the pair reads it once).
+    const int blocks = (H + 63) / 64;
+    const bool paired = c.format != CacheFormat::bf16 && blocks % 2 == 0;
+    const double gathered = valid * bpt * (paired ? blocks / 2 : blocks);
+    const double ceiling_us = dsmla::bench::time_gather_ceiling_us(d_cache, bpt, d_slots, d_counts, c.num_tokens,
+                                                                   c.topk, c.num_slots);
+    std::printf("  gather ceiling: every valid row once in %.1f us = %.2f TB/s; the kernel gathers %.2f TB/s "
+                "(%.0f %% of that rate)\n", ceiling_us, valid * bpt / (ceiling_us * 1e-6) / 1e12,
+                gathered / (r.us * 1e-6) / 1e12, 100.0 * gathered / r.us / (valid * bpt / ceiling_us));
+  }
   DSMLA_CUDA_CHECK(cudaEventDestroy(e0));
   DSMLA_CUDA_CHECK(cudaEventDestroy(e1));
   for (void* ptr : {static_cast<void*>(d_q), static_cast<void*>(d_o), static_cast<void*>(d_lse),
@@ -359,8 +377,9 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--decode-sweep") == 0) decode_sweep = true;
     else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) only = argv[++i];
     else if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
+    else if (std::strcmp(argv[i], "--gather-ceiling") == 0) g_gather_ceiling = true;
     else {
-      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs)\n",
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling)\n",
                    argv[i]);
       return 2;
     }
@@ -379,6 +398,9 @@ int main(int argc, char** argv) {
     cases.push_back(prefill_case(CacheFormat::bf16, 128, 16384, 1024, 2048, 5090));
     cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, 1024, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, 1024, 2048, 0));
+    cases.push_back(prefill_case(CacheFormat::bf16, 64, 16384, 4096, 2048, 6260));
+    cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, 4096, 2048, 0));
+    cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, 4096, 2048, 0));
     cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 16, 16384, 1024, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 16, 64, 8192, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 32, 1, 8192, 2048, 0));
