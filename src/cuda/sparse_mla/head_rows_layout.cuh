@@ -3,8 +3,11 @@
 // cache format and head count (16 and 32 heads run padded to 64 rows: the
 // keys-as-rows tile kernel they had was slower even so).
 //
-// Work split: a persistent grid; a CTA takes work items (token, 64 heads,
-// split of the top-k range) round-robin and has three warpgroups. The producer (warpgroup 2) gathers the selected latent rows of
+// Work split: a persistent grid; a CTA takes work items (token, 64 heads, a
+// range of the top-k positions) in one of three schedules (head_rows_work.cuh:
+// whole ranges or equal splits round-robin, or a balanced range of the
+// concatenated key blocks) and has three warpgroups. The producer
+// (warpgroup 2) gathers the selected latent rows of
 // the cache into two key buffers (head_rows_gather.cuh: cp.async for bf16, e4m3
 // dequantised through registers for the fp8 caches); each buffer holds one
 // block of 64 keys x 576 dims. Consumer warpgroup w (0, 1) computes S = Q K^T

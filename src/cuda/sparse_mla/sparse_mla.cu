@@ -1,6 +1,6 @@
-// Host side of the sparse MLA kernel: argument checks, the workspace layout
-// of the split-KV choice (plan/sparse_split.hpp) and the kernel that merges
-// split partial results.
+// Host side of the sparse MLA kernel: argument checks, the split-KV choice
+// (plan/sparse_split.hpp) with its workspace layout, and the two kernels that
+// merge split partial results (equal splits, the balanced schedule).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -77,8 +77,9 @@ __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(
                  lse_row * num_heads + head);
 }
 
-// Balanced schedule (head_rows_work.cuh, Schedule): the rows' key blocks,
-// concatenated, cut into `lanes` ranges [l T / lanes, (l + 1) T / lanes). A row
+// Balanced schedule (head_rows_work.cuh, Schedule): the rows' `total` key
+// blocks, concatenated, cut into `lanes` ranges [lane_start(l),
+// lane_start(l + 1)), lane_start(l) = floor(l total / lanes). A row
 // that one lane holds whole was written as final by the kernel; one that
 // lanes l0 < l1 share left a partial in each of them: in slot 2 c of CTA c of
 // lane l when it is the lane's first row, else (its last) in 2 c + 1.
