@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <limits>
 
 #include "dsmla/types.hpp"
 
@@ -57,21 +58,21 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
     return static_cast<double>((items * splits + multiprocessors - 1) / multiprocessors);
   };
   SparseSplit equal = whole;
-  double equal_cost = 0.0;
+  double equal_cost = std::numeric_limits<double>::infinity();
   for (int blocks_per_split = max_blocks - 1; blocks_per_split >= 1; --blocks_per_split) {
     const int splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
     if (splits > kSparseMaxSplits) break;
     const SparseSplit candidate{splits, blocks_per_split * kSparseTileKeys, 0};
     const std::size_t workspace = sparse_split_workspace_bytes(candidate, num_tokens, num_heads);
-    if (workspace > kMaxSplitWorkspaceBytes) continue;
+    if (workspace > kMaxSplitWorkspaceBytes) break;  // more splits only need more
     const double cost = waves(splits) * (blocks_per_split + kItemOverheadBlocks) + kMergeCostBlocks +
                         static_cast<double>(workspace) / kMergeBytesPerBlock;
-    if (equal.num_splits == 1 || cost < equal_cost) {
+    if (cost < equal_cost) {
       equal_cost = cost;
       equal = candidate;
     }
   }
-  if (mode == SparseSplitMode::equal) return equal;
+  if (mode == SparseSplitMode::equal) return equal;  // whole when no split fits the cap
   return equal_cost <= kMinSplitGain * waves(1) * (max_blocks + kItemOverheadBlocks) ? equal : whole;
 }
 

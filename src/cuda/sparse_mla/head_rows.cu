@@ -73,12 +73,13 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
   std::int64_t lanes = std::min(items, resident) / kItemsPerRow;
   if (args.lanes > 0) {
     // Balanced: as many lanes as fit, but no more than the rows' key blocks
-    // (so that every lane gets at least one).
+    // (so that every lane gets at least one), nor than args.lanes CTAs (the
+    // partial slots the workspace holds: two per CTA).
     const std::int64_t key_blocks = items / kItemsPerRow * ((args.p.topk + kBlockKeys - 1) / kBlockKeys);
     if (key_blocks > INT32_MAX)  // the schedule counts blocks in 32 bits (head_rows_work.cuh)
       throw Error("sparse MLA kernel: balanced schedule over " + std::to_string(key_blocks) +
                   " key blocks exceeds 2^31");
-    lanes = std::min({static_cast<std::int64_t>(args.lanes), resident / kItemsPerRow, key_blocks});
+    lanes = std::min({static_cast<std::int64_t>(args.lanes / kItemsPerRow), resident / kItemsPerRow, key_blocks});
     kernel_args.lanes = static_cast<int>(lanes);
   }
   config.gridDim = dim3(static_cast<unsigned>(lanes * kItemsPerRow));

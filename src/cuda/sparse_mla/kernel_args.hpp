@@ -16,8 +16,9 @@ struct KernelArgs {
   SparseMlaParams p;
   int split_keys = 0;          // top-k positions per split, a multiple of kTileKeys
   int num_splits = 1;
-  // > 0: the balanced schedule over this many lanes (head_rows_work.cuh,
-  // Schedule), set by the launcher; num_splits is then 1.
+  // > 0: the balanced schedule (head_rows_work.cuh, Schedule) over this many
+  // lanes; the caller passes the CTAs whose partial slots its workspace holds,
+  // the launcher the lanes it launches (no more); num_splits is then 1.
   int lanes = 0;
   // Partial results. Equal splits: rows [num_splits, num_tokens, num_heads];
   // balanced: rows [2 x CTAs, 64] (two slots of a CTA's 64 head rows).
