@@ -6,7 +6,10 @@
 #   env.txt (date, commit, GPU, ptxas summary, wgmma/barrier counts of the SASS),
 #   build.log, tests.log, harness.log (ending with FlashAttention-3's time on the
 #   dense harness's cached-prefix case, bench/fa3_prefix.py), anchors.json,
-#   ratios.md (the harness against the anchors of this call, bench/kernel_ratios.py).
+#   ratios.md (the harness against the anchors of this call, bench/kernel_ratios.py),
+#   clocks.csv (SM clock, power and temperature every 50 ms while the harnesses and the
+#   anchors run, with "# phase" lines: medians of different programs can sit on different
+#   clock levels, dense_mha/NOTES.md; the settings are only read, never changed).
 # With --sanitize, afterwards the compute-sanitizer subset (sanitizer.log); with
 # --full, every GPU test (tests_full.log) and the sanitizer subset.
 # TEST_TIMEOUT (seconds, default 240) bounds each GPU test binary; HARNESS=0 skips
@@ -32,7 +35,15 @@ for t in build-gpu/tests/test_gpu_*; do
   timeout ${TEST_TIMEOUT:-240} "$t" --gtest_filter="$filter" --gtest_brief=1 >>"$out/tests.log" 2>&1 || { status=1; echo "FAILED: $t"; }
 done
 tail -5 "$out/tests.log"
+# A clock trace alongside the timed phases (nvidia-smi only reads; a failure leaves no trace).
+clocks=$out/clocks.csv
+: >"$clocks"  # both writers append (O_APPEND), so the phase lines land between samples
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader -lms 50 \
+  >>"$clocks" 2>/dev/null &
+smi_pid=$!
+phase() { echo "# phase $1 $(date -u +%Y/%m/%d\ %H:%M:%S.%3N)" >>"$clocks"; }
 if [ "${HARNESS:-1}" != 0 ]; then
+  phase harnesses
   echo "== kernel harnesses (build-gpu/*_kernel_bench, built with the rest)"
   timeout 150 build-gpu/sparse_mla_kernel_bench "$@" >"$out/harness.log" 2>&1 || status=1
   grep -E "^\||MISMATCH|FAIL" "$out/harness.log" | head -40
@@ -40,6 +51,7 @@ if [ "${HARNESS:-1}" != 0 ]; then
   timeout 100 build-gpu/dense_mha_kernel_bench >>"$out/harness.log" 2>&1 || status=1
   sed -n '/== dense MHA kernel harness/,$p' "$out/harness.log" | grep -iE "ms|fail|mismatch" | head -20
 fi
+phase anchors
 echo "== anchors"
 A=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target "$A" .anchors/*.whl >/dev/null 2>&1
@@ -52,6 +64,8 @@ if [ -f "$out/harness.log" ]; then
   PYTHONPATH=$A timeout 60 python3 bench/fa3_prefix.py >>"$out/harness.log" 2>&1 || echo "FA3 PREFIX FAILED"
   grep -E "^fa3 prefix" "$out/harness.log" | tail -1
 fi
+phase end
+kill "$smi_pid" 2>/dev/null
 [ -f "$out/harness.log" ] && python3 bench/kernel_ratios.py "$out/harness.log" "$out/anchors.json" >"$out/ratios.md" && cat "$out/ratios.md"
 obj=$(find build-gpu -name 'head_rows.cu.o' | head -1)
 [ -n "$obj" ] && { echo; echo "== SASS of head_rows.cu.o"; cuobjdump -sass "$obj" | grep -oE "HGMMA[.A-Z0-9x]*|WARPGROUP\.[A-Z]+[^;]*|DEPBAR[^;]*|SYNCS[.A-Z]*" | sort | uniq -c; } >>"$out/env.txt"
