@@ -32,7 +32,7 @@ struct SparseSplit {
 };
 
 enum class SparseSplitMode {
-  automatic,  // the cheapest of the three by the model below
+  automatic,  // the planner's rule below
   whole,      // forced, for measurements (DSMLA_SPARSE_SPLIT, src/cuda/sparse_mla/sparse_mla.cu)
   equal,      // the best equal split, even when it is slower than none
   balanced,

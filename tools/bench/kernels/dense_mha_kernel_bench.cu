@@ -27,6 +27,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
+#include "synced_timing.hpp"
 #include "synthetic_inputs.hpp"
 
 namespace {
@@ -223,29 +224,14 @@ int main(int argc, char** argv) {
     }
     failures += bad;
 
-    cudaEvent_t e0, e1;
-    DSMLA_CUDA_CHECK(cudaEventCreate(&e0));
-    DSMLA_CUDA_CHECK(cudaEventCreate(&e1));
-    for (int w = 0; w < 5; ++w) dsmla::cuda::launch_dense_mha(p, nullptr);
-    std::vector<float> ms;
-    for (int it = 0; it < 30; ++it) {
-      DSMLA_CUDA_CHECK(cudaEventRecord(e0));
-      dsmla::cuda::launch_dense_mha(p, nullptr);
-      DSMLA_CUDA_CHECK(cudaEventRecord(e1));
-      DSMLA_CUDA_CHECK(cudaEventSynchronize(e1));
-      float t;
-      DSMLA_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
+    const std::vector<float> ms =
+        dsmla::bench::synced_samples_ms(5, 30, [&] { dsmla::cuda::launch_dense_mha(p, nullptr); });
     const double med = ms[ms.size() / 2];
     const double tflops = 2.0 * pairs * H * 320 / (med * 1e-3) / 1e12;
     std::printf("%-18s %5d %4d %9.3f %9.1f %11.2e %11.2e %s\n", c.name, c.seq, H, med, tflops, max_dout, max_dlse,
                 bad ? "MISMATCH" : "ok");
     if (results && c.seq > 0) std::fprintf(results, "%d %d %.4f\n", c.seq, H, med);
 
-    DSMLA_CUDA_CHECK(cudaEventDestroy(e0));
-    DSMLA_CUDA_CHECK(cudaEventDestroy(e1));
     DSMLA_CUDA_CHECK(cudaFree(q));
     DSMLA_CUDA_CHECK(cudaFree(kv_up));
     DSMLA_CUDA_CHECK(cudaFree(latent));

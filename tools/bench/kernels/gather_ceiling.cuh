@@ -17,12 +17,12 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
+#include "synced_timing.hpp"
 
 namespace dsmla::bench {
 
@@ -71,34 +71,18 @@ inline double time_gather_ceiling_us(const std::uint8_t* cache, int row_bytes, c
                                      const std::int32_t* counts, int num_tokens, int topk, std::int64_t num_slots) {
   int sms = 0;
   DSMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  unsigned* sink = nullptr;
-  DSMLA_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
   const std::int64_t rows = static_cast<std::int64_t>(num_tokens) * topk;
   if (rows >= (std::int64_t{1} << 31) - kGatherRowsPerWarp * 8 * sms * kGatherThreads / 32) {
     std::fprintf(stderr, "gather ceiling: %lld rows exceed its 32-bit row index\n", static_cast<long long>(rows));
     return 0;
   }
-  auto launch = [&] {
+  unsigned* sink = nullptr;
+  DSMLA_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  const std::vector<float> ms = synced_samples_ms(5, 30, [&] {
     gather_ceiling_kernel<<<8 * sms, kGatherThreads>>>(cache, row_bytes, slots, counts, static_cast<int>(rows), topk,
                                                        num_slots, sink);
-  };
-  for (int i = 0; i < 5; ++i) launch();
-  cudaEvent_t e0, e1;
-  DSMLA_CUDA_CHECK(cudaEventCreate(&e0));
-  DSMLA_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms(30);
-  for (float& m : ms) {
-    DSMLA_CUDA_CHECK(cudaEventRecord(e0));
-    launch();
-    DSMLA_CUDA_CHECK(cudaEventRecord(e1));
-    DSMLA_CUDA_CHECK(cudaEventSynchronize(e1));
-    DSMLA_CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
-  }
-  DSMLA_CUDA_CHECK(cudaGetLastError());
-  DSMLA_CUDA_CHECK(cudaEventDestroy(e0));
-  DSMLA_CUDA_CHECK(cudaEventDestroy(e1));
+  });
   DSMLA_CUDA_CHECK(cudaFree(sink));
-  std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2] * 1e3;
 }
 

@@ -40,6 +40,7 @@
 #include "cuda/indexer/indexer.hpp"
 #include "cuda/indexer/indexer_variants.hpp"
 #include "dsmla/format.hpp"
+#include "synced_timing.hpp"
 
 namespace {
 
@@ -282,28 +283,12 @@ int run(int argc, char** argv) {
       }
       double ms = 0, logits_ms = 0;
       if (check == "ok" || check == "unchecked") {
-        cudaEvent_t start, stop;
-        DSMLA_CUDA_CHECK(cudaEventCreate(&start));
-        DSMLA_CUDA_CHECK(cudaEventCreate(&stop));
         auto median_ms = [&](auto&& launch) {
-          for (int i = 0; i < warmups; ++i) launch();
-          std::vector<float> times;
-          for (int i = 0; i < reps; ++i) {
-            DSMLA_CUDA_CHECK(cudaEventRecord(start));
-            launch();
-            DSMLA_CUDA_CHECK(cudaEventRecord(stop));
-            DSMLA_CUDA_CHECK(cudaEventSynchronize(stop));
-            float t = 0;
-            DSMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-            times.push_back(t);
-          }
-          std::sort(times.begin(), times.end());
+          const std::vector<float> times = dsmla::bench::synced_samples_ms(warmups, reps, launch);
           return static_cast<double>(times[times.size() / 2]);
         };
         ms = median_ms([&] { dsmla::cuda::launch_indexer_topk(p, kernel, nullptr); });
         if (c.flops > 0) logits_ms = median_ms([&] { dsmla::cuda::launch_indexer_logits_only(p, kernel, nullptr); });
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
       } else {
         all_ok = false;
       }

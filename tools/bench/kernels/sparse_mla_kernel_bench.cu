@@ -44,6 +44,7 @@
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
 #include "gather_ceiling.cuh"
+#include "synced_timing.hpp"
 #include "synthetic_inputs.hpp"
 
 namespace {
@@ -328,20 +329,8 @@ Result run_case(const Case& c, int warmup, int reps) {
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
   r.ok = check_tokens(c, tokens, d_q, d_cache, d_o, d_lse, p.softmax_scale);
 
-  for (int i = 0; i < warmup; ++i) dsmla::cuda::launch_sparse_mla(p, nullptr);
-  cudaEvent_t e0, e1;
-  DSMLA_CUDA_CHECK(cudaEventCreate(&e0));
-  DSMLA_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    DSMLA_CUDA_CHECK(cudaEventRecord(e0));
-    dsmla::cuda::launch_sparse_mla(p, nullptr);
-    DSMLA_CUDA_CHECK(cudaEventRecord(e1));
-    DSMLA_CUDA_CHECK(cudaEventSynchronize(e1));
-    DSMLA_CUDA_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
-  }
-  DSMLA_CUDA_CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
+  const std::vector<float> ms =
+      dsmla::bench::synced_samples_ms(warmup, reps, [&] { dsmla::cuda::launch_sparse_mla(p, nullptr); });
   r.us = ms[reps / 2] * 1e3;
   r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
   std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3,
@@ -358,8 +347,6 @@ Result run_case(const Case& c, int warmup, int reps) {
                 "(%.0f %% of that rate)\n", ceiling_us, valid * bpt / (ceiling_us * 1e-6) / 1e12,
                 gathered / (r.us * 1e-6) / 1e12, 100.0 * gathered / r.us / (valid * bpt / ceiling_us));
   }
-  DSMLA_CUDA_CHECK(cudaEventDestroy(e0));
-  DSMLA_CUDA_CHECK(cudaEventDestroy(e1));
   for (void* ptr : {static_cast<void*>(d_q), static_cast<void*>(d_o), static_cast<void*>(d_lse),
                     static_cast<void*>(d_cache), static_cast<void*>(d_slots), static_cast<void*>(d_counts), d_ws})
     if (ptr) DSMLA_CUDA_CHECK(cudaFree(ptr));
