@@ -50,14 +50,16 @@ if want backend; then
   run synccheck test_gpu_backend "$small"
   run racecheck test_gpu_cuda '*ConvertTopk*topk100*:*PreAttentionTest*fp8_ds_mla_compact*'
 fi
-# The warp-specialised sparse kernel (every cache format, H 64 / 128): few tokens (split-KV),
-# and more items than multiprocessors (persistent CTAs, producer running ahead); under
-# the sanitizers also the balanced schedule (lanes cutting rows, paired and not, and its merge).
+# The warp-specialised sparse kernel (every cache format; heads as rows at H 64 / 128, keys
+# as rows at H 16 / 32): few tokens (split-KV), and more items than multiprocessors
+# (persistent CTAs, producer running ahead); under the sanitizers also the balanced
+# schedule (lanes cutting rows, paired and not, and its merge).
 sparse_ws='*SparseMlaFewTokens*H64_topk128_*:*SparseMlaFewTokens*H128_topk2560_*'
+sparse_ws+=':*SparseMlaFewTokens*H16_topk128_*:*SparseMlaFewTokens*H32_topk2560_*'
 if want sparse; then
-  run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*:*SparseMlaSchedules*balanced_200x256"
-  run racecheck test_gpu_cuda "$sparse_ws:*SparseMlaSchedules*H128_fp8_ds_mla_balanced_41x1024"
-  run synccheck test_gpu_cuda "$sparse_ws:*SparseMlaSchedules*H128_fp8_ds_mla_balanced_41x1024"
+  run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*:*SparseMlaManyTokens*H16_*:*SparseMlaSchedules*balanced_200x256"
+  run racecheck test_gpu_cuda "$sparse_ws:*SparseMlaSchedules*H128_fp8_ds_mla_balanced_41x1024:*SparseMlaSchedules*H32_*_balanced_41x1024"
+  run synccheck test_gpu_cuda "$sparse_ws:*SparseMlaSchedules*H128_fp8_ds_mla_balanced_41x1024:*SparseMlaSchedules*H32_*_balanced_41x1024"
 fi
 
 # The persistent dense kernel (TMA producer, units from a grid-wide counter): every

@@ -69,4 +69,12 @@ std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_token
 // (read by the launcher, src/cuda/sparse_mla/head_rows.cu).
 bool plan_sparse_pairing(CacheFormat format, int num_heads);
 
+// Whether the kernel puts the keys of a block on the MMA's 64 rows and the
+// heads on its N (src/cuda/sparse_mla/key_rows_consumer.cuh) instead of 64
+// heads as rows: for 16 and 32 heads (TP-8 / TP-4 shards of DeepSeek-V3.2),
+// whose heads-as-rows items are padded to 64 rows, 4x / 2x the products.
+// DSMLA_SPARSE_KEY_ROWS=0 in the environment turns it off (read by the
+// launcher, src/cuda/sparse_mla/head_rows.cu).
+bool plan_sparse_key_rows(int num_heads);
+
 }  // namespace dsmla

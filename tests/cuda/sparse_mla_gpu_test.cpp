@@ -417,7 +417,7 @@ TEST_P(SparseMlaSchedules, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SparseMlaSchedules,
-                         ::testing::Combine(::testing::Values(16, 64, 128), ::testing::Values(0, 1),
+                         ::testing::Combine(::testing::Values(16, 32, 64, 128), ::testing::Values(0, 1),
                                             ::testing::Values(SparseSplitMode::whole, SparseSplitMode::equal,
                                                               SparseSplitMode::balanced),
                                             ::testing::Values(0, 1)),

@@ -183,6 +183,7 @@ using SS_64x32_KK = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Majo
 using SS_64x16_KK = gmma::MMA_64x16x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 using SS_64x8_KK = gmma::MMA_64x8x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 using SS_64x16_MNK = gmma::MMA_64x16x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
+using SS_64x32_MNK = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
 using SS_64x8_MNK = gmma::MMA_64x8x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
 using RS_64x128_KMN = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 using SS_64x256_KMN = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::MN>;

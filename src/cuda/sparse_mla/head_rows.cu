@@ -1,4 +1,5 @@
-// Launcher of the warp-specialised heads-as-rows sparse MLA kernel.
+// Launcher of the warp-specialised sparse MLA kernel: heads as rows, or for 16
+// and 32 heads keys as rows (plan_sparse_key_rows).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -28,10 +29,24 @@ int pairing_setting() {
   return value;
 }
 
-template <CacheFormat F, bool kPaired>
+// DSMLA_SPARSE_KEY_ROWS in the environment (read once): unset or 1 follows
+// the host rule (plan_sparse_key_rows), 0 runs 16 / 32 heads as rows padded
+// to 64 (to measure one against the other).
+bool key_rows_allowed() {
+  static const bool value = [] {
+    const char* env = std::getenv("DSMLA_SPARSE_KEY_ROWS");
+    if (env == nullptr || *env == '\0') return true;
+    const std::string text(env);
+    if (text == "0" || text == "1") return text == "1";
+    throw Error("DSMLA_SPARSE_KEY_ROWS='" + text + "' (expected 0, 1 or unset)");
+  }();
+  return value;
+}
+
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0>
 LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
-  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired>;
+  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
@@ -89,7 +104,13 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
 
 template <CacheFormat F>
 LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
-  if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
+  if (key_rows_allowed() && plan_sparse_key_rows(args.p.num_heads)) {
+    if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
+    return launch<F, false, 32>(args, items, stream);
+  }
+  if constexpr (F != CacheFormat::bf16) {
+    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
+  }
   return launch<F, false>(args, items, stream);
 }
 
@@ -101,7 +122,7 @@ LaneLaunch run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
       static_cast<std::int64_t>(args.p.num_tokens) * head_blocks(args.p.num_heads) * args.num_splits;
   if (items > INT32_MAX) throw Error("sparse MLA kernel: " + std::to_string(items) + " work items exceed 2^31");
   switch (args.p.format) {
-    case CacheFormat::bf16: return launch<CacheFormat::bf16, false>(args, items, stream);
+    case CacheFormat::bf16: return launch_format<CacheFormat::bf16>(args, items, stream);
     case CacheFormat::fp8_ds_mla: return launch_format<CacheFormat::fp8_ds_mla>(args, items, stream);
     case CacheFormat::fp8: return launch_format<CacheFormat::fp8>(args, items, stream);
   }

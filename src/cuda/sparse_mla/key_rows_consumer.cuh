@@ -1,0 +1,360 @@
+// The consumer warpgroups of the keys-as-rows sparse MLA kernel, for 16 and 32
+// heads (TP-8 / TP-4 shards). The heads-as-rows consumers
+// (head_rows_consumer.cuh) put the heads on wgmma's M, which is 64 rows, so
+// 16 heads did the products of 64. Here the 64 keys of a block are M and the
+// heads are N (n16 / n32), so the tensor work follows H:
+//   S^T = K Q^T          A = K (the key buffer, K-major), B = Q (its first H rows)
+//   O^T += V^T P^T       A = V^T (the same buffer read MN-major), B = P^T (smem)
+// The producer, the key buffers and the work items are the heads-as-rows
+// kernel's (head_rows_layout.cuh, head_rows_producer.cuh): warpgroup w takes
+// the block of key buffer w in every round (S, softmax, P V, alone), with its
+// own running maxima and sums; the two halves of the keys meet once per item,
+// in the epilogue. NOTES.md "Keys as rows" has the reasoning and the figures.
+//
+// A head's scores are a column of S^T, spread over the warpgroup's four warps
+// (16 keys each) and each warp's eight lane groups, so its block maximum is
+// shuffles within the warp and an exchange through smem across the warps.
+// Each thread holds the same heads' columns of S^T and of every O^T block
+// (accumulator order, wgmma.cuh), so alpha and the row sums stay per thread.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/sparse_mla/head_rows_work.cuh"
+
+namespace dsmla::cuda::sparse_mla_detail::head_rows {
+
+// Named barriers (pipeline::named_sync ids), after the heads-as-rows kernel's
+// (NamedBarrier, head_rows_layout.cuh): one per warpgroup for its own four
+// warps, and one for both warpgroups at the merge.
+enum KeyRowsBarrier : int { kKeyRowsWg0 = 3, kKeyRowsWg1 = 4, kKeyRowsMerge = 5 };
+
+// This kernel does not use the heads-as-rows P_1 block (kSmemP1, 8 KB): it
+// holds the warps' column maxima, float [2 warpgroups][2 parities][4 warps][32
+// heads], and the epilogue's column sums, float [2 parities][4 warps][32].
+inline constexpr int kSmemColMax = kSmemP1;
+inline constexpr int kSmemColSum = kSmemColMax + 2 * 2 * 4 * 32 * 4;
+static_assert(kSmemColSum + 2 * 4 * 32 * 4 <= kSmemP1 + kBlockBytes);
+
+// Warpgroup w releases both halves of key buffer w once per round, so every
+// empty barrier counts one warpgroup.
+__host__ __device__ constexpr int key_rows_empty_arrivals() { return 128; }
+
+template <int kHeads>
+struct KeyRowsOps;
+template <>
+struct KeyRowsOps<16> {
+  using S = mma::SS_64x16_KK;
+  using PV = mma::SS_64x16_MNK;
+};
+template <>
+struct KeyRowsOps<32> {
+  using S = mma::SS_64x32_KK;
+  using PV = mma::SS_64x32_MNK;
+};
+
+template <int kWg, int kHeads>
+struct KeyRowsConsumer {
+  static_assert(kHeads == 16 || kHeads == 32);
+  // The half of its buffer that the producer fills first (its order: 0 lo,
+  // 0 hi, 1 hi, 1 lo, head_rows_producer.cuh).
+  static constexpr int kFirst = kWg == 0 ? kLo : kHi;
+  static constexpr int kSecond = 1 - kFirst;
+  static constexpr int kFrag = kHeads / 2;            // floats of a 64 x kHeads accumulator per thread
+  static constexpr int kCols = kHeads / 4;            // heads (columns) per thread
+  static constexpr int kValueBlocks = kLatentDim / 64;  // O^T: 8 blocks of 64 value dims
+  static constexpr int kBarrier = kWg == 0 ? kKeyRowsWg0 : kKeyRowsWg1;
+
+  WorkItem item;
+  const Barriers& bars;
+  std::uint8_t* smem;
+  mma::DescAddr s_base;
+  int tid, warp, g, tq;
+  int exchanges = 0;  // column-max exchanges so far: their smem slot parity
+
+  float o[kValueBlocks][kFrag];  // O^T, unnormalised
+  float s[kFrag];                // S^T, then P^T, of this round's block
+  float m_run[kCols];            // running max (log2 domain) of the thread's heads
+  float l_part[kCols];           // this thread's part of their sums
+  float scale_log2;
+
+  __device__ KeyRowsConsumer(const Barriers& b, std::uint8_t* sm)
+      : bars(b), smem(sm), s_base(mma::desc_addr(pl::smem_addr(sm))) {
+    tid = threadIdx.x & 127;
+    warp = tid >> 5;
+    g = (tid & 31) >> 2;
+    tq = tid & 3;
+  }
+  // Column c of the thread's heads, its two keys (rows), and where (c, hi) is
+  // in an accumulator.
+  __device__ int head(int c) const { return 8 * (c >> 1) + 2 * tq + (c & 1); }
+  __device__ int key(int hi) const { return 16 * warp + g + 8 * hi; }
+  static __device__ constexpr int at(int c, int hi) { return 4 * (c >> 1) + 2 * hi + (c & 1); }
+
+  __device__ __forceinline__ void run(const KernelArgs& args) {
+    int round = 0, q_uses = 0, items_done = 0;
+    const Schedule<false> sched(args);
+    int count = sched.load_count(args, sched.start);
+    for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
+      item = sched.work(args, pos, count);
+      count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
+      start_item();
+      if (item.rounds > 0) {
+        pl::wait(bars.q_full(), q_uses & 1);
+        ++q_uses;
+        for (int r = 0; r < item.rounds; ++r, ++round) process_block(round, r);
+      }
+      finish_item(items_done & 1);
+    }
+  }
+
+  __device__ __forceinline__ void start_item() {
+    scale_log2 = item.p->softmax_scale * sm::kLog2e;
+#pragma unroll
+    for (int d = 0; d < kValueBlocks; ++d)
+#pragma unroll
+      for (int i = 0; i < kFrag; ++i) o[d][i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      m_run[c] = -INFINITY;
+      l_part[c] = 0.f;
+    }
+  }
+
+  __device__ __forceinline__ void release() {
+    pl::arrive(bars.empty(kWg, kLo));
+    pl::arrive(bars.empty(kWg, kHi));
+  }
+
+  // Waits for one half of the own buffer and issues its S^T k-steps.
+  __device__ __forceinline__ void issue_s(int ph, int half) {
+    pl::wait(bars.full(kWg, half), ph);
+    mma::fence();
+    const mma::DescAddr q = s_base + kSmemQ;
+    const mma::DescAddr k = s_base + (kSmemK + kWg * kTileBytes);
+    const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
+    const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
+#pragma unroll
+    for (int ks = ks0; ks < ks1; ++ks) {
+      const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
+      mma::mma_ss<typename KeyRowsOps<kHeads>::S>(mma::desc_k_major(k + off), mma::desc_k_major(q + off), s,
+                                                 !(half == kFirst && ks == ks0));
+    }
+  }
+
+  // Block 2 r + kWg of the item, in buffer kWg (global round `round`). A
+  // block past the item's end (warpgroup 1, odd block count) was zero-filled
+  // by the producer with every key invalid: it is computed like any other
+  // and adds 0 (a condition around the products made ptxas serialise every
+  // wgmma of the kernel, C7518). The last round's buffer of warpgroup 1 is
+  // kept for the merge (finish_item).
+  __device__ __forceinline__ void process_block(int round, int r) {
+    const int ph = round & 1;
+    const bool last = r + 1 == item.rounds;
+    mma::fence_operands(s);
+    issue_s(ph, kFirst);
+    issue_s(ph, kSecond);
+    mma::commit();
+    mma::wait<0>();
+    mma::fence_operands(s);
+    if (last) pl::arrive(bars.q_empty());  // S^T was the last read of the query
+    pl::wait(bars.valid(kWg), ph);
+    softmax();
+    store_pt();
+    issue_pv();
+    if (!(kWg == 1 && last)) release();
+  }
+
+  // Masks invalid keys, takes the heads' block maxima across the warpgroup,
+  // and turns S^T into P^T with the running maxima and sums; rescales O^T.
+  __device__ __forceinline__ void softmax() {
+    const std::uint8_t* flags = smem + kSmemValid + kWg * kBlockKeys;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi)
+      if (!flags[key(hi)])
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) s[at(c, hi)] = -INFINITY;
+    float mx[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      mx[c] = fmaxf(s[at(c, 0)], s[at(c, 1)]);
+#pragma unroll
+      for (int lanes = 4; lanes < 32; lanes *= 2) mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], lanes));
+    }
+    float* slot = reinterpret_cast<float*>(smem + kSmemColMax) + (kWg * 2 + (exchanges & 1)) * 4 * 32;
+    ++exchanges;
+    if (g == 0)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) slot[32 * warp + head(c)] = mx[c];
+    pl::named_sync(128, kBarrier);
+    float alpha[kCols];
+    bool settled = true;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float block_max = slot[head(c)];
+#pragma unroll
+      for (int w = 1; w < 4; ++w) block_max = fmaxf(block_max, slot[32 * w + head(c)]);
+      // S stays raw: the scale (positive, check_scales) is folded into the exp2.
+      const float m_new = fmaxf(m_run[c], block_max * scale_log2);
+      const float sub = sm::subtrahend(m_new);
+      alpha[c] = sm::exp2_approx(m_run[c] - sub);
+      settled = settled && alpha[c] == 1.f;
+      float sum = 0.f;
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float pv = sm::exp2_approx(fmaf(s[at(c, hi)], scale_log2, -sub));
+        s[at(c, hi)] = pv;
+        sum += pv;
+      }
+      l_part[c] = l_part[c] * alpha[c] + sum;
+      m_run[c] = m_new;
+    }
+    if (!__all_sync(0xffffffffu, settled)) {
+#pragma unroll
+      for (int d = 0; d < kValueBlocks; ++d)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) o[d][at(c, hi)] *= alpha[c];
+    }
+  }
+
+  // P^T (bf16) into the own buffer's rope block, which only S^T reads (done):
+  // [kHeads rows][64 keys], K-major and 128-byte swizzled, the B operand of
+  // O^T += V^T P^T. Then every warp of the warpgroup has written its keys
+  // before the product reads all 64.
+  __device__ __forceinline__ void store_pt() {
+    std::uint8_t* pt = smem + kSmemK + kWg * kTileBytes + (kDimBlocks - 1) * kBlockBytes;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int n = head(c), k = key(hi);
+        *reinterpret_cast<__nv_bfloat16*>(pt + n * 128 + ((((k >> 3) ^ (n & 7))) << 4) + (k & 7) * 2) =
+            __float2bfloat16_rn(s[at(c, hi)]);
+      }
+    pl::fence_smem_for_mma();
+    pl::named_sync(128, kBarrier);
+  }
+
+  // O^T += V^T P^T over the 8 value blocks (A: dims as M, read MN-major from
+  // the key rows), then waits for it: the buffer is released after.
+  __device__ __forceinline__ void issue_pv() {
+    const mma::DescAddr v = s_base + (kSmemK + kWg * kTileBytes);
+    const mma::DescAddr pt = v + (kDimBlocks - 1) * kBlockBytes;
+#pragma unroll
+    for (int d = 0; d < kValueBlocks; ++d) mma::fence_operands(o[d]);
+    mma::fence();
+#pragma unroll
+    for (int d = 0; d < kValueBlocks; ++d)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        mma::mma_ss<typename KeyRowsOps<kHeads>::PV>(mma::desc_mn_major(v + d * kBlockBytes + ks * 16 * 128, kBlockBytes),
+                                                     mma::desc_k_major(pt + ks * 32), o[d]);
+    mma::commit();
+    mma::wait<0>();
+#pragma unroll
+    for (int d = 0; d < kValueBlocks; ++d) mma::fence_operands(o[d]);
+  }
+
+  // The item's two halves meet: warpgroup 1 writes its O^T, maxima and sums
+  // into its key buffer (kept from its last round), warpgroup 0 merges them
+  // into its own, releases that buffer, and stores the result. An item
+  // without keys loaded nothing: warpgroup 0 stores its zeros alone.
+  __device__ __forceinline__ void finish_item(int parity) {
+    const bool merge = item.rounds > 0;
+    float4* scratch = reinterpret_cast<float4*>(smem + kSmemK + kTileBytes);
+    constexpr int kVec = kValueBlocks * kFrag / 4;  // float4 of O^T per thread
+    float2* stats = reinterpret_cast<float2*>(scratch + kVec * 128);
+    static_assert(kVec * 128 * 16 + kCols * 128 * 8 <= kTileBytes);
+    if constexpr (kWg == 1) {
+      if (!merge) return;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float* f = &o[(4 * i) / kFrag][(4 * i) % kFrag];
+        scratch[i * 128 + tid] = make_float4(f[0], f[1], f[2], f[3]);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) stats[c * 128 + tid] = make_float2(m_run[c], l_part[c]);
+      pl::named_sync_unaligned(256, kKeyRowsMerge);  // reached from both template instances
+    } else {
+      if (merge) {
+        pl::named_sync_unaligned(256, kKeyRowsMerge);
+        float f0[kCols], f1[kCols];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const float2 other = stats[c * 128 + tid];
+          const float m = fmaxf(m_run[c], other.x);
+          f0[c] = sm::exp2_approx(m_run[c] - sm::subtrahend(m));
+          f1[c] = sm::exp2_approx(other.x - sm::subtrahend(m));
+          l_part[c] = l_part[c] * f0[c] + other.y * f1[c];
+          m_run[c] = m;
+        }
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float4 v = scratch[i * 128 + tid];
+          const float add[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = 4 * i + e, d = j / kFrag, x = j % kFrag;
+            const int c = 2 * (x / 4) + (x & 1);  // at(c, hi) == x
+            o[d][x] = o[d][x] * f0[c] + add[e] * f1[c];
+          }
+        }
+        // Warpgroup 1's buffer is read: free it (its last round's release).
+        pl::arrive(bars.empty(1, kLo));
+        pl::arrive(bars.empty(1, kHi));
+      }
+      store(parity);
+    }
+  }
+
+  // Warpgroup 0: the heads' sums across its warps, then O (bf16, or the fp32
+  // partial of a split) and the lse.
+  __device__ __forceinline__ void store(int parity) {
+    const WorkItem& w = item;
+    const SparseMlaParams& p = *w.p;
+    float* sums = reinterpret_cast<float*>(smem + kSmemColSum) + parity * 4 * 32;
+    float inv[kCols], l[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float v = l_part[c];
+#pragma unroll
+      for (int lanes = 4; lanes < 32; lanes *= 2) v += __shfl_xor_sync(0xffffffffu, v, lanes);
+      if (g == 0) sums[32 * warp + head(c)] = v;
+    }
+    pl::named_sync(128, kKeyRowsWg0);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      l[c] = sums[head(c)] + sums[32 + head(c)] + sums[64 + head(c)] + sums[96 + head(c)];
+      inv[c] = l[c] > 0.f ? 1.f / l[c] : 0.f;
+    }
+    const bool partial = w.part_row >= 0;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int h = head(c);
+      const std::int64_t row = partial ? static_cast<std::int64_t>(w.part_row + h)
+                                       : static_cast<std::int64_t>(w.token) * p.num_heads + w.head0 + h;
+#pragma unroll
+      for (int d = 0; d < kValueBlocks; ++d)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int dim = 64 * d + key(hi);
+          const float v = o[d][at(c, hi)] * inv[c];
+          if (partial) w.args->part_o[row * 512 + dim] = v;
+          else p.o_lat[row * 512 + dim] = __float2bfloat16_rn(v);
+        }
+      if (warp == 0 && g == 0) {
+        const float lse = l[c] > 0.f ? (m_run[c] + log2f(l[c])) * sm::kLn2 : -INFINITY;
+        if (partial) {
+          w.args->part_lse[w.part_row + h] = lse;
+        } else if (p.lse != nullptr) {
+          const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
+          p.lse[lse_row * p.num_heads + w.head0 + h] = lse;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace dsmla::cuda::sparse_mla_detail::head_rows
