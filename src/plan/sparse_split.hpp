@@ -71,10 +71,13 @@ bool plan_sparse_pairing(CacheFormat format, int num_heads);
 
 // Whether the kernel puts the keys of a block on the MMA's 64 rows and the
 // heads on its N (src/cuda/sparse_mla/key_rows_consumer.cuh) instead of 64
-// heads as rows: for 16 and 32 heads (TP-8 / TP-4 shards of DeepSeek-V3.2),
-// whose heads-as-rows items are padded to 64 rows, 4x / 2x the products.
-// DSMLA_SPARSE_KEY_ROWS=0 in the environment turns it off (read by the
-// launcher, src/cuda/sparse_mla/head_rows.cu).
+// heads as rows, whose items pad 16 and 32 heads (TP-8 / TP-4 shards of
+// DeepSeek-V3.2) to 64 rows, 4x / 2x the products. Measured on the H200
+// (sparse_mla/NOTES.md, "Keys as rows"): at 16 heads 9-22 % faster in
+// prefill and 7-14 % in fp8 decode; at 32 heads faster only at S 4096 (7 %)
+// and up to 39 % slower elsewhere, so 16 heads only.
+// DSMLA_SPARSE_KEY_ROWS in the environment (read by the launcher,
+// src/cuda/sparse_mla/head_rows.cu): 0 never, 1 also at 32 heads.
 bool plan_sparse_key_rows(int num_heads);
 
 }  // namespace dsmla

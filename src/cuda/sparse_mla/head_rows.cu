@@ -1,5 +1,5 @@
-// Launcher of the warp-specialised sparse MLA kernel: heads as rows, or for 16
-// and 32 heads keys as rows (plan_sparse_key_rows).
+// Launcher of the warp-specialised sparse MLA kernel: heads as rows, or keys
+// as rows for small head counts (plan_sparse_key_rows).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -29,18 +29,20 @@ int pairing_setting() {
   return value;
 }
 
-// DSMLA_SPARSE_KEY_ROWS in the environment (read once): unset or 1 follows
-// the host rule (plan_sparse_key_rows), 0 runs 16 / 32 heads as rows padded
-// to 64 (to measure one against the other).
-bool key_rows_allowed() {
-  static const bool value = [] {
+// Whether the keys-as-rows kernel runs `num_heads`: by the host rule
+// (plan_sparse_key_rows), or as DSMLA_SPARSE_KEY_ROWS in the environment
+// (read once) says, to measure one kernel against the other: 0 never, 1 at
+// every head count it has (16 and 32).
+bool use_key_rows(int num_heads) {
+  static const int setting = [] {
     const char* env = std::getenv("DSMLA_SPARSE_KEY_ROWS");
-    if (env == nullptr || *env == '\0') return true;
+    if (env == nullptr || *env == '\0') return -1;
     const std::string text(env);
-    if (text == "0" || text == "1") return text == "1";
+    if (text == "0" || text == "1") return text == "1" ? 1 : 0;
     throw Error("DSMLA_SPARSE_KEY_ROWS='" + text + "' (expected 0, 1 or unset)");
   }();
-  return value;
+  if (setting == -1) return plan_sparse_key_rows(num_heads);
+  return setting == 1 && (num_heads == 16 || num_heads == 32);
 }
 
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0>
@@ -104,7 +106,7 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
 
 template <CacheFormat F>
 LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
-  if (key_rows_allowed() && plan_sparse_key_rows(args.p.num_heads)) {
+  if (use_key_rows(args.p.num_heads)) {
     if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
     return launch<F, false, 32>(args, items, stream);
   }

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
         pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
-    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired: p_ready(buffer w)
+    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired: p_ready(buffer w); key rows: the merge
     pl::fence_init();
   }
   // Paired, the peer arrives on these barriers and writes this tile: both
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       peer.smem = pl::peer_pointer(smem, 1 - peer.rank);
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
-    produce<F, kPaired>(args, bars, smem, peer);
+    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows>(args, bars, smem, peer);
   } else if constexpr (kKeyRows) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads>(bars, smem).run(args);

@@ -7,10 +7,13 @@
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 // 128 threads. The query: thread t copies chunk t % 8 of every 64-dim block of
-// rows t / 8 + 16 i (i < 4). The keys: KeyGather<F> (head_rows_gather.cuh).
+// rows t / 8 + 16 i (i < kQueryRows / 16), the rows past the item's heads as
+// zeros. The keys: KeyGather<F> (head_rows_gather.cuh).
 // It runs ahead of the consumers across items: the query of the next item
-// loads as soon as the last S of the current one is done.
-template <CacheFormat F, bool kPaired>
+// loads as soon as the last S of the current one is done. kQueryRows: the
+// rows of the query tile the consumers read (the keys-as-rows consumers read
+// only their heads' and keep their output in the rows past them).
+template <CacheFormat F, bool kPaired, int kQueryRows = kRows>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -49,8 +52,9 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
   while (pos < sched.count) {
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
+    static_assert(kQueryRows % 16 == 0 && kQueryRows <= kRows);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kQueryRows / 16; ++i) {
       const int row = group + 16 * i;
       const bool ok = row < w.heads;
 #pragma unroll

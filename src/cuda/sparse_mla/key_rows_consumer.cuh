@@ -26,8 +26,14 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
 // Named barriers (pipeline::named_sync ids), after the heads-as-rows kernel's
 // (NamedBarrier, head_rows_layout.cuh): one per warpgroup for its own four
-// warps, and one for both warpgroups at the merge.
-enum KeyRowsBarrier : int { kKeyRowsWg0 = 3, kKeyRowsWg1 = 4, kKeyRowsMerge = 5 };
+// warps. The merge between the warpgroups goes through the heads-as-rows
+// kernel's two max_ready mbarriers (unused here): merge_ready (warpgroup 1's
+// half is in smem) and merge_read (warpgroup 0 has read it), so that
+// warpgroup 1 frees its own buffer after both (a free by warpgroup 0, after
+// a named barrier, was correct but compute-sanitizer's racecheck reported
+// warpgroup 1's reads of that buffer's valid flags against the producer's
+// next writes: the chain through the named barrier is not one it follows).
+enum KeyRowsBarrier : int { kKeyRowsWg0 = 3, kKeyRowsWg1 = 4 };
 
 // This kernel does not use the heads-as-rows P_1 block (kSmemP1, 8 KB): it
 // holds the warps' column maxima, float [2 warpgroups][2 parities][4 warps][32
@@ -71,6 +77,7 @@ struct KeyRowsConsumer {
   mma::DescAddr s_base;
   int tid, warp, g, tq;
   int exchanges = 0;  // column-max exchanges so far: their smem slot parity
+  int merges = 0;     // items merged so far: the merge barriers' parity
 
   float o[kValueBlocks][kFrag];  // O^T, unnormalised
   float s[kFrag];                // S^T, then P^T, of this round's block
@@ -257,10 +264,14 @@ struct KeyRowsConsumer {
     for (int d = 0; d < kValueBlocks; ++d) mma::fence_operands(o[d]);
   }
 
+  __device__ pl::Mbarrier* merge_ready() const { return bars.max_ready(0); }  // 128 arrivals: warpgroup 1
+  __device__ pl::Mbarrier* merge_read() const { return bars.max_ready(1); }   // 128 arrivals: warpgroup 0
+
   // The item's two halves meet: warpgroup 1 writes its O^T, maxima and sums
   // into its key buffer (kept from its last round), warpgroup 0 merges them
-  // into its own, releases that buffer, and stores the result. An item
-  // without keys loaded nothing: warpgroup 0 stores its zeros alone.
+  // into its own and stores the result, and warpgroup 1 then frees its
+  // buffer. An item without keys loaded nothing: warpgroup 0 stores its
+  // zeros alone.
   __device__ __forceinline__ void finish_item(int parity) {
     const bool merge = item.rounds > 0;
     float4* scratch = reinterpret_cast<float4*>(smem + kSmemK + kTileBytes);
@@ -276,10 +287,14 @@ struct KeyRowsConsumer {
       }
 #pragma unroll
       for (int c = 0; c < kCols; ++c) stats[c * 128 + tid] = make_float2(m_run[c], l_part[c]);
-      pl::named_sync_unaligned(256, kKeyRowsMerge);  // reached from both template instances
+      pl::arrive(merge_ready());
+      pl::wait(merge_read(), merges & 1);
+      ++merges;
+      release();  // its last round's, kept until now
     } else {
       if (merge) {
-        pl::named_sync_unaligned(256, kKeyRowsMerge);
+        pl::wait(merge_ready(), merges & 1);
+        ++merges;
         float f0[kCols], f1[kCols];
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
@@ -301,13 +316,17 @@ struct KeyRowsConsumer {
             o[d][x] = o[d][x] * f0[c] + add[e] * f1[c];
           }
         }
-        // Warpgroup 1's buffer is read: free it (its last round's release).
-        pl::arrive(bars.empty(1, kLo));
-        pl::arrive(bars.empty(1, kHi));
+        pl::arrive(merge_read());
       }
       store(parity);
     }
   }
+
+  // Warpgroup 0's output of value block d: [kHeads rows][64 dims] bf16 in the
+  // query tile's block d, rows kHeads .. 2 kHeads - 1, which S^T does not read
+  // and the producer does not write (produce<..., kQueryRows = kHeads>),
+  // 128-byte swizzled by the row.
+  __device__ std::uint8_t* staged(int d) const { return smem + kSmemQ + d * kBlockBytes + kHeads * 128; }
 
   // Warpgroup 0: the heads' sums across its warps, then O (bf16, or the fp32
   // partial of a split) and the lse.
@@ -330,29 +349,68 @@ struct KeyRowsConsumer {
       inv[c] = l[c] > 0.f ? 1.f / l[c] : 0.f;
     }
     const bool partial = w.part_row >= 0;
+    if (partial) {  // fp32 partial results for the merge kernel: 8 lanes write 32 contiguous bytes
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int h = head(c);
-      const std::int64_t row = partial ? static_cast<std::int64_t>(w.part_row + h)
-                                       : static_cast<std::int64_t>(w.token) * p.num_heads + w.head0 + h;
+      for (int c = 0; c < kCols; ++c) {
+        float* dst = w.args->part_o + static_cast<std::int64_t>(w.part_row + head(c)) * 512;
 #pragma unroll
-      for (int d = 0; d < kValueBlocks; ++d)
+        for (int d = 0; d < kValueBlocks; ++d)
 #pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int dim = 64 * d + key(hi);
-          const float v = o[d][at(c, hi)] * inv[c];
-          if (partial) w.args->part_o[row * 512 + dim] = v;
-          else p.o_lat[row * 512 + dim] = __float2bfloat16_rn(v);
-        }
-      if (warp == 0 && g == 0) {
+          for (int hi = 0; hi < 2; ++hi) dst[64 * d + key(hi)] = o[d][at(c, hi)] * inv[c];
+      }
+    } else {
+      store_output(inv);
+    }
+    if (warp == 0 && g == 0) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
         const float lse = l[c] > 0.f ? (m_run[c] + log2f(l[c])) * sm::kLn2 : -INFINITY;
         if (partial) {
-          w.args->part_lse[w.part_row + h] = lse;
+          w.args->part_lse[w.part_row + head(c)] = lse;
         } else if (p.lse != nullptr) {
           const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
-          p.lse[lse_row * p.num_heads + w.head0 + h] = lse;
+          p.lse[lse_row * p.num_heads + w.head0 + head(c)] = lse;
         }
       }
+    }
+  }
+
+  // The item's output, [kHeads][512] bf16, contiguous in o_lat: transposed
+  // into smem (staged) by stmatrix.trans, then 16-byte stores of consecutive
+  // chunks (2-byte stores straight from the accumulators took 4x as many
+  // instructions, each filling a quarter of a sector per lane group).
+  // stmatrix.x4.trans of a 16 x 16 piece (dims 16 w .., heads 16 jj ..): the
+  // registers are its four 8 x 8 matrices in accumulator order, (dims +0,
+  // heads +0), (+8, +0), (+0, +8), (+8, +8); each is stored transposed, a
+  // head's 8 dims as one 16-byte row, whose address lane l gives for row l % 8
+  // of matrix l / 8.
+  __device__ __forceinline__ void store_output(const float (&inv)[kCols]) {
+    const int lane = tid & 31, m = lane >> 3;
+#pragma unroll
+    for (int d = 0; d < kValueBlocks; ++d)
+#pragma unroll
+      for (int jj = 0; jj < kHeads / 16; ++jj) {
+        std::uint32_t r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = 2 * jj + (i >> 1), hi = i & 1;  // r[i]: matrix i, this thread's two heads
+          r[i] = sm::pack_bf16x2(o[d][4 * j + 2 * hi] * inv[2 * j], o[d][4 * j + 2 * hi + 1] * inv[2 * j + 1]);
+        }
+        const int h = 16 * jj + 8 * (m >> 1) + (lane & 7);
+        const int chunk = 2 * warp + (m & 1);
+        cute::SM90_U16x8_STSM_T::copy(
+            r[0], r[1], r[2], r[3],
+            *reinterpret_cast<cute::uint128_t*>(staged(d) + h * 128 + ((chunk ^ (h & 7)) << 4)));
+      }
+    pl::named_sync(128, kKeyRowsWg0);
+    const SparseMlaParams& p = *item.p;
+    __nv_bfloat16* out = p.o_lat + (static_cast<std::int64_t>(item.token) * p.num_heads + item.head0) * 512;
+#pragma unroll
+    for (int i = 0; i < kHeads * 64 / 128; ++i) {
+      const int q = i * 128 + tid, h = q >> 6, c64 = q & 63;
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(staged(c64 >> 3) + h * 128 + (((c64 & 7) ^ (h & 7)) << 4));
+      *reinterpret_cast<uint4*>(out + h * 512 + 8 * c64) = v;
     }
   }
 };
