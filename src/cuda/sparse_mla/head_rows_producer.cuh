@@ -166,13 +166,12 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // The next round's slots, loaded as the round starts: its first two
       // halves' codes are loaded by this round's last two gathers.
       std::int32_t ahead[2][kRowsPerThread];
-      // kFromAhead: the chained loads are the next round's (ahead[0]), else
-      // this round's buffer 1 (slots[1]).
-      auto gather = [&]<int b, int half, int nhalf, bool kFromAhead>(Gather& k, bool& loaded, bool chain) {
+      auto gather = [&]<int b, int half, int nhalf>(Gather& k, bool& loaded, const std::int32_t(&next_slots)[kRowsPerThread],
+                                                  bool chain) {
         if (!loaded) k.load(w, slots[b], half);
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
         k.store(w, slots[b], half, b, smem, bars.full(b, half),
-                [&](int i) { if (chain) k.load_unit(w, kFromAhead ? ahead[0] : slots[1], nhalf, i); });
+                [&](int i) { if (chain) k.load_unit(w, next_slots, nhalf, i); });
         loaded = chain;
         write_valid.template operator()<b, half>();
       };
@@ -184,10 +183,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
             for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
         }
-        gather.template operator()<0, kLo, kHi, false>(even, even_loaded, true);
-        gather.template operator()<0, kHi, kLo, false>(odd, odd_loaded, true);
-        gather.template operator()<1, kHi, kLo, true>(even, even_loaded, more);
-        gather.template operator()<1, kLo, kHi, true>(odd, odd_loaded, more);
+        gather.template operator()<0, kLo, kHi>(even, even_loaded, slots[1], true);
+        gather.template operator()<0, kHi, kLo>(odd, odd_loaded, slots[1], true);
+        gather.template operator()<1, kHi, kLo>(even, even_loaded, ahead[0], more);
+        gather.template operator()<1, kLo, kHi>(odd, odd_loaded, ahead[0], more);
         if (more) {
 #pragma unroll
           for (int b = 0; b < 2; ++b)
