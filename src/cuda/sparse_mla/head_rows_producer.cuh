@@ -154,47 +154,37 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // alternate between `even` and `odd`, and storing a half issues the
       // loads of the half two gathers later into the registers it frees, so
       // two halves of codes are in flight instead of one. An fp8 gather from
-      // DRAM (decode) may be bound by that depth; it needs the registers of
-      // a second KeyGather, which only a consumer with few of its own leaves
+      // DRAM (decode) is bound by that depth; it needs the registers of a
+      // second KeyGather, which only a consumer with few of its own leaves
       // (keys as rows, 16 heads). Same order as below; the next round's
-      // slots are loaded a round ahead, and an item's first two halves are
-      // not chained from the item before.
+      // buffer-0 slots are loaded one gather earlier (before 1 hi, whose
+      // chained loads need them), and an item's first two halves are not
+      // chained from the item before.
       static_assert(!kPaired && F != CacheFormat::bf16);
       Gather odd(t, peer);
       Gather& even = keys;
       bool even_loaded = false, odd_loaded = false;
-      // The next round's slots, loaded as the round starts: its first two
-      // halves' codes are loaded by this round's last two gathers.
-      std::int32_t ahead[2][kRowsPerThread];
-      auto gather = [&]<int b, int half, int nhalf>(Gather& k, bool& loaded, const std::int32_t(&next_slots)[kRowsPerThread],
-                                                  bool chain) {
+      auto gather = [&]<int b, int half, int nb, int nhalf>(Gather& k, bool& loaded, bool chain) {
         if (!loaded) k.load(w, slots[b], half);
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
         k.store(w, slots[b], half, b, smem, bars.full(b, half),
-                [&](int i) { if (chain) k.load_unit(w, next_slots, nhalf, i); });
+                [&](int i) { if (chain) k.load_unit(w, slots[nb], nhalf, i); });
         loaded = chain;
         write_valid.template operator()<b, half>();
       };
+      auto load_slots = [&](int b, int block) {
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = w.raw_slot(block, keys.row(i));
+      };
       for (int r = 0; r < w.rounds; ++r, ++round) {
         const bool more = r + 1 < w.rounds;
-        if (more) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
-        }
-        gather.template operator()<0, kLo, kHi>(even, even_loaded, slots[1], true);
-        gather.template operator()<0, kHi, kLo>(odd, odd_loaded, slots[1], true);
-        gather.template operator()<1, kHi, kLo>(even, even_loaded, ahead[0], more);
-        gather.template operator()<1, kLo, kHi>(odd, odd_loaded, ahead[0], more);
-        if (more) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = ahead[b][i];
-        } else {
-          next_item_slots(pos_ahead, count_ahead);
-        }
+        gather.template operator()<0, kLo, 1, kHi>(even, even_loaded, true);
+        gather.template operator()<0, kHi, 1, kLo>(odd, odd_loaded, true);
+        if (more) load_slots(0, 2 * (r + 1));
+        gather.template operator()<1, kHi, 0, kLo>(even, even_loaded, more);
+        gather.template operator()<1, kLo, 0, kHi>(odd, odd_loaded, more);
+        if (more) load_slots(1, 2 * (r + 1) + 1);
+        else next_item_slots(pos_ahead, count_ahead);
       }
     } else {
       // b and half as template arguments: every loop bound and offset is static.
