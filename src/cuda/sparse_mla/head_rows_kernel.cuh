@@ -27,9 +27,6 @@ template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
-  // The fp8 producer with two register stages (head_rows_producer.cuh), where
-  // the consumers leave it the registers: keys as rows at 16 heads.
-  constexpr bool kTwoStages = kFp8 && kKeyRowHeads == 16;
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
@@ -59,16 +56,16 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   sync_all<kPaired>();
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
-    pl::shrink_registers<kPaired ? kRolesProducerRegs : kTwoStages ? kTwoStageRegs.producer : kProducerRegs<kFp8>>();
+    pl::shrink_registers<kPaired ? kRolesProducerRegs : kProducerRegs<kFp8>>();
     Peer peer{0, nullptr, nullptr};
     if constexpr (kPaired) {
       peer.rank = pair_rank();
       peer.smem = pl::peer_pointer(smem, 1 - peer.rank);
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
-    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows, kTwoStages>(args, bars, smem, peer);
+    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows>(args, bars, smem, peer);
   } else if constexpr (kKeyRows) {
-    pl::grow_registers<kTwoStages ? kTwoStageRegs.consumer : kConsumerRegs<kFp8>>();
+    pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads>(bars, smem).run(args);
     else KeyRowsConsumer<1, kKeyRowHeads>(bars, smem).run(args);
   } else if constexpr (kPaired) {

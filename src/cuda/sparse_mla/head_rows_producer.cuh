@@ -12,9 +12,8 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // It runs ahead of the consumers across items: the query of the next item
 // loads as soon as the last S of the current one is done. kQueryRows: the
 // rows of the query tile the consumers read (the keys-as-rows consumers read
-// only their heads' and keep their output in the rows past them). kTwoStages
-// (fp8, unpaired): two halves' codes in registers, not one (below).
-template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kTwoStages = false>
+// only their heads' and keep their output in the rows past them).
+template <CacheFormat F, bool kPaired, int kQueryRows = kRows>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -148,43 +147,6 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
           }
           primed = any_next;
         }
-      }
-    } else if constexpr (kTwoStages) {
-      // Two register stages (NOTES.md, "Two stages of codes"): the halves
-      // alternate between `even` and `odd`, and storing a half issues the
-      // loads of the half two gathers later into the registers it frees, so
-      // two halves of codes are in flight instead of one. An fp8 gather from
-      // DRAM (decode) is bound by that depth; it needs the registers of a
-      // second KeyGather, which only a consumer with few of its own leaves
-      // (keys as rows, 16 heads). Same order as below; the next round's
-      // buffer-0 slots are loaded one gather earlier (before 1 hi, whose
-      // chained loads need them), and an item's first two halves are not
-      // chained from the item before.
-      static_assert(!kPaired && F != CacheFormat::bf16);
-      Gather odd(t, peer);
-      Gather& even = keys;
-      bool even_loaded = false, odd_loaded = false;
-      auto gather = [&]<int b, int half, int nb, int nhalf>(Gather& k, bool& loaded, bool chain) {
-        if (!loaded) k.load(w, slots[b], half);
-        pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-        k.store(w, slots[b], half, b, smem, bars.full(b, half),
-                [&](int i) { if (chain) k.load_unit(w, slots[nb], nhalf, i); });
-        loaded = chain;
-        write_valid.template operator()<b, half>();
-      };
-      auto load_slots = [&](int b, int block) {
-#pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = w.raw_slot(block, keys.row(i));
-      };
-      for (int r = 0; r < w.rounds; ++r, ++round) {
-        const bool more = r + 1 < w.rounds;
-        gather.template operator()<0, kLo, 1, kHi>(even, even_loaded, true);
-        gather.template operator()<0, kHi, 1, kLo>(odd, odd_loaded, true);
-        if (more) load_slots(0, 2 * (r + 1));
-        gather.template operator()<1, kHi, 0, kLo>(even, even_loaded, more);
-        gather.template operator()<1, kLo, 0, kHi>(odd, odd_loaded, more);
-        if (more) load_slots(1, 2 * (r + 1) + 1);
-        else next_item_slots(pos_ahead, count_ahead);
       }
     } else {
       // b and half as template arguments: every loop bound and offset is static.

@@ -42,16 +42,6 @@ inline constexpr int kSmemColMax = kSmemP1;
 inline constexpr int kSmemColSum = kSmemColMax + 2 * 2 * 4 * 32 * 4;
 static_assert(kSmemColSum + 2 * 4 * 32 * 4 <= kSmemP1 + kBlockBytes);
 
-// Registers (setmaxnreg) of the 16-head fp8 kernel, whose producer holds two
-// stages of codes (head_rows_producer.cuh): the consumers need O^T (64), S^T
-// (8) and their item, far below the heads-as-rows consumers' 208.
-struct RegisterSplit {
-  int consumer, producer;
-};
-inline constexpr RegisterSplit kTwoStageRegs{176, 152};
-static_assert(2 * 128 * kTwoStageRegs.consumer + 128 * kTwoStageRegs.producer <=
-              kThreads * pipeline::register_pool_per_thread(kThreads));
-
 // Warpgroup w releases both halves of key buffer w once per round, so every
 // empty barrier counts one warpgroup.
 __host__ __device__ constexpr int key_rows_empty_arrivals() { return 128; }
