@@ -127,7 +127,7 @@ std::string timed_region(What what, const Work& w);
 // route rows at H 128, batch 16..128: route / kernel alone <= 1.15.
 constexpr double kDecodeKernelBar = 1.0, kSmallHeadsBar = 0.4, kCacheRateBar = 1.0, kDecodeRouteBar = 1.15;
 constexpr int kSmallHeadsBarMinBatch = 16;
-constexpr int kFlashMlaMinHeads = 64;  // FlashMLA's decode runs 64 or 128 heads (16 / 32 padded to 64)
+constexpr int kFlashMlaMinHeads = 64;  // FlashMLA runs 64 or 128 heads (16 / 32 padded to 64)
 // The speculative-decoding bar of q tokens per request (0: none).
 double speculative_bar(int query_len);
 
