@@ -15,32 +15,29 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
 
-// DSMLA_SPARSE_PAIRED in the environment (read once): unset or 1 follows the
-// host rule (plan_sparse_pairing), 0 never pairs (to measure one against the
-// other); -1 when unset.
+// A switch in the environment to measure one kernel against another: -1
+// when unset (the host rule decides), else 0 or 1 (its callers keep the
+// first reading).
+int switch_setting(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return -1;
+  const std::string text(env);
+  if (text == "0" || text == "1") return text == "1" ? 1 : 0;
+  throw Error(std::string(name) + "='" + text + "' (expected 0, 1 or unset)");
+}
+
+// DSMLA_SPARSE_PAIRED: unset or 1 follows the host rule (plan_sparse_pairing),
+// 0 never pairs.
 int pairing_setting() {
-  static const int value = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_PAIRED");
-    if (env == nullptr || *env == '\0') return -1;
-    const std::string text(env);
-    if (text == "0" || text == "1") return text == "1" ? 1 : 0;
-    throw Error("DSMLA_SPARSE_PAIRED='" + text + "' (expected 0, 1 or unset)");
-  }();
+  static const int value = switch_setting("DSMLA_SPARSE_PAIRED");
   return value;
 }
 
 // Whether the keys-as-rows kernel runs `num_heads`: by the host rule
-// (plan_sparse_key_rows), or as DSMLA_SPARSE_KEY_ROWS in the environment
-// (read once) says, to measure one kernel against the other: 0 never, 1 at
-// every head count it has (16 and 32).
+// (plan_sparse_key_rows) unless DSMLA_SPARSE_KEY_ROWS says 0 (never) or 1 (at
+// every head count it has, 16 and 32).
 bool use_key_rows(int num_heads) {
-  static const int setting = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_KEY_ROWS");
-    if (env == nullptr || *env == '\0') return -1;
-    const std::string text(env);
-    if (text == "0" || text == "1") return text == "1" ? 1 : 0;
-    throw Error("DSMLA_SPARSE_KEY_ROWS='" + text + "' (expected 0, 1 or unset)");
-  }();
+  static const int setting = switch_setting("DSMLA_SPARSE_KEY_ROWS");
   if (setting == -1) return plan_sparse_key_rows(num_heads);
   return setting == 1 && (num_heads == 16 || num_heads == 32);
 }
