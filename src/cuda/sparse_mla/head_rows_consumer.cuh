@@ -86,16 +86,7 @@ struct Consumer {
     if (!live) return;
     fence_landed();
     mma::fence();
-    const mma::DescAddr q = s_base + kSmemQ;
-    const mma::DescAddr k = s_base + (kSmemK + buffer * kTileBytes);
-    const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
-    const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
-#pragma unroll
-    for (int ks = ks0; ks < ks1; ++ks) {
-      const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
-      mma::mma_ss<mma::SS_64x64_KK>(mma::desc_k_major(q + off), mma::desc_k_major(k + off), s,
-                                    !(half == first && ks == ks0));
-    }
+    mma_half<mma::SS_64x64_KK>(s_base + kSmemQ, s_base + (kSmemK + buffer * kTileBytes), s, half, half == first);
   }
   // The own buffer's half in round `round`.
   __device__ __forceinline__ void issue_s_half(int round, int half, bool live) {

@@ -153,6 +153,20 @@ struct Schedule {
   }
 };
 
+// The k-steps of one half of a product over the 576 key dims (dim blocks
+// [0, 4) or [4, 9)) of two K-major tiles at a and b; with `starts`, its first
+// k-step overwrites d. S = Q K^T (heads as rows) and S^T = K Q^T (keys as rows).
+template <class Op, int N>
+__device__ __forceinline__ void mma_half(mma::DescAddr a, mma::DescAddr b, float (&d)[N], int half, bool starts) {
+  const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
+  const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
+#pragma unroll
+  for (int ks = ks0; ks < ks1; ++ks) {
+    const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
+    mma::mma_ss<Op>(mma::desc_k_major(a + off), mma::desc_k_major(b + off), d, !(starts && ks == ks0));
+  }
+}
+
 // Barrier phases run on across items: every round uses each key barrier once,
 // every item with at least one round uses the query barriers once.
 struct Barriers {

@@ -137,16 +137,8 @@ struct KeyRowsConsumer {
   __device__ __forceinline__ void issue_s(int ph, int half) {
     pl::wait(bars.full(kWg, half), ph);
     mma::fence();
-    const mma::DescAddr q = s_base + kSmemQ;
-    const mma::DescAddr k = s_base + (kSmemK + kWg * kTileBytes);
-    const int ks0 = half == kLo ? 0 : 4 * kLoBlocks;
-    const int ks1 = half == kLo ? 4 * kLoBlocks : 4 * kDimBlocks;
-#pragma unroll
-    for (int ks = ks0; ks < ks1; ++ks) {
-      const std::uint32_t off = mma::sw128_k_step_offset<kBlockBytes>(ks);
-      mma::mma_ss<typename KeyRowsOps<kHeads>::S>(mma::desc_k_major(k + off), mma::desc_k_major(q + off), s,
-                                                 !(half == kFirst && ks == ks0));
-    }
+    mma_half<typename KeyRowsOps<kHeads>::S>(s_base + (kSmemK + kWg * kTileBytes), s_base + kSmemQ, s, half,
+                                             half == kFirst);
   }
 
   // Block 2 r + kWg of the item, in buffer kWg (global round `round`). A
