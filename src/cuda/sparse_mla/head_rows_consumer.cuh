@@ -193,15 +193,11 @@ struct Consumer {
   // `round` and `q_uses` count on across items for the barrier phases.
   template <class ProcessItem>
   __device__ __forceinline__ void for_each_item(const KernelArgs& args, ProcessItem&& process_item) {
-    int round = 0, q_uses = 0, items_done = 0;
-    const Schedule<kPaired> sched(args);
-    int count = sched.load_count(args, sched.start);
-    for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
-      item = sched.work(args, pos, count);
-      count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
+    int round = 0, q_uses = 0;
+    visit_items<kPaired>(args, item, [&](int items_done) {
       process_item(round, q_uses);
       epilogue(items_done & 1);
-    }
+    });
   }
   __device__ __forceinline__ void run(const KernelArgs& args) {
     for_each_item(args, [&](int& round, int& q_uses) { process(round, q_uses); });

@@ -153,6 +153,21 @@ struct Schedule {
   }
 };
 
+// A consumer's walk over this CTA's items (Schedule<kPaired>): `item` is set
+// to each in turn and visit(items_done) runs; the next item's valid count is
+// loaded while the current one runs.
+template <bool kPaired, class Visit>
+__device__ __forceinline__ void visit_items(const KernelArgs& args, WorkItem& item, Visit&& visit) {
+  const Schedule<kPaired> sched(args);
+  int count = sched.load_count(args, sched.start);
+  int items_done = 0;
+  for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
+    item = sched.work(args, pos, count);
+    count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
+    visit(items_done);
+  }
+}
+
 // The k-steps of one half of a product over the 576 key dims (dim blocks
 // [0, 4) or [4, 9)) of two K-major tiles at a and b; with `starts`, its first
 // k-step overwrites d. S = Q K^T (heads as rows) and S^T = K Q^T (keys as rows).

@@ -100,12 +100,8 @@ struct KeyRowsConsumer {
   static __device__ constexpr int at(int c, int hi) { return 4 * (c >> 1) + 2 * hi + (c & 1); }
 
   __device__ __forceinline__ void run(const KernelArgs& args) {
-    int round = 0, q_uses = 0, items_done = 0;
-    const Schedule<false> sched(args);
-    int count = sched.load_count(args, sched.start);
-    for (int pos = sched.start; pos < sched.count; pos += sched.stride, ++items_done) {
-      item = sched.work(args, pos, count);
-      count = sched.load_count(args, pos + sched.stride);  // lands while this item runs
+    int round = 0, q_uses = 0;
+    visit_items<false>(args, item, [&](int items_done) {
       start_item();
       if (item.rounds > 0) {
         pl::wait(bars.q_full(), q_uses & 1);
@@ -113,7 +109,7 @@ struct KeyRowsConsumer {
         for (int r = 0; r < item.rounds; ++r, ++round) process_block(round, r);
       }
       finish_item(items_done & 1);
-    }
+    });
   }
 
   __device__ __forceinline__ void start_item() {
