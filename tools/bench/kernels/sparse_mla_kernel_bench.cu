@@ -44,6 +44,7 @@
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
 #include "gather_ceiling.cuh"
+#include "plan/sparse_split.hpp"
 #include "synced_timing.hpp"
 #include "synthetic_inputs.hpp"
 
@@ -339,7 +340,7 @@ Result run_case(const Case& c, int warmup, int reps) {
     // Bytes the kernel gathers: every valid row once per head block (paired
     // CTAs split a row's loads between them, so the pair reads it once).
     const int blocks = (H + 63) / 64;
-    const bool paired = c.format != CacheFormat::bf16 && blocks % 2 == 0;
+    const bool paired = dsmla::plan_sparse_pairing(c.format, H);
     const double gathered = valid * bpt * (paired ? blocks / 2 : blocks);
     const double ceiling_us = dsmla::bench::time_gather_ceiling_us(d_cache, bpt, d_slots, d_counts, c.num_tokens,
                                                                    c.topk, c.num_slots);
