@@ -77,7 +77,8 @@ bool plan_sparse_pairing(CacheFormat format, int num_heads);
 // prefill and 7-14 % in fp8 decode; at 32 heads faster only at S 4096 (7 %)
 // and up to 39 % slower elsewhere, so 16 heads only.
 // DSMLA_SPARSE_KEY_ROWS in the environment (read by the launcher,
-// src/cuda/sparse_mla/head_rows.cu): 0 never, 1 also at 32 heads.
+// src/cuda/sparse_mla/head_rows.cu): 0 never, 1 also at 32 heads, 2 also at
+// 32 heads with the warpgroups splitting the heads instead of the keys.
 bool plan_sparse_key_rows(int num_heads);
 
 }  // namespace dsmla

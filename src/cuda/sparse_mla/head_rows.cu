@@ -15,15 +15,17 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
 
-// A switch in the environment to measure one kernel against another: -1
-// when unset (the host rule decides), else 0 or 1 (its callers keep the
-// first reading).
-int switch_setting(const char* name) {
+// A setting in the environment to measure one kernel against another: -1
+// when unset (the host rule decides), else a digit 0 .. max_value (its
+// callers keep the first reading).
+int switch_setting(const char* name, int max_value = 1) {
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return -1;
   const std::string text(env);
-  if (text == "0" || text == "1") return text == "1" ? 1 : 0;
-  throw Error(std::string(name) + "='" + text + "' (expected 0, 1 or unset)");
+  if (text.size() == 1 && text[0] >= '0' && text[0] <= '0' + max_value) return text[0] - '0';
+  std::string expected;
+  for (int v = 0; v <= max_value; ++v) expected += std::to_string(v) + ", ";
+  throw Error(std::string(name) + "='" + text + "' (expected " + expected + "or unset)");
 }
 
 // DSMLA_SPARSE_PAIRED: unset or 1 follows the host rule (plan_sparse_pairing),
@@ -33,19 +35,23 @@ int pairing_setting() {
   return value;
 }
 
-// Whether the keys-as-rows kernel runs `num_heads`: by the host rule
-// (plan_sparse_key_rows) unless DSMLA_SPARSE_KEY_ROWS says 0 (never) or 1 (at
-// every head count it has, 16 and 32).
-bool use_key_rows(int num_heads) {
-  static const int setting = switch_setting("DSMLA_SPARSE_KEY_ROWS");
-  if (setting == -1) return plan_sparse_key_rows(num_heads);
-  return setting == 1 && (num_heads == 16 || num_heads == 32);
+// Which consumers run `num_heads`: by the host rule (plan_sparse_key_rows:
+// keys as rows, split between the warpgroups by keys, or heads as rows)
+// unless DSMLA_SPARSE_KEY_ROWS says 0 (heads as rows), 1 (keys as rows at
+// every head count they have, 16 and 32) or 2 (as 1, but 32 heads split by
+// heads: key_rows_consumer.cuh).
+enum class Consumers { head_rows, key_rows, key_rows_head_halves };
+Consumers consumers_for(int num_heads) {
+  static const int setting = switch_setting("DSMLA_SPARSE_KEY_ROWS", 2);
+  if (setting == -1) return plan_sparse_key_rows(num_heads) ? Consumers::key_rows : Consumers::head_rows;
+  if (setting == 0 || (num_heads != 16 && num_heads != 32)) return Consumers::head_rows;
+  return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
 }
 
-template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0>
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false>
 LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
-  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads>;
+  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
@@ -103,9 +109,12 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
 
 template <CacheFormat F>
 LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
-  if (use_key_rows(args.p.num_heads)) {
-    if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
-    return launch<F, false, 32>(args, items, stream);
+  switch (consumers_for(args.p.num_heads)) {
+    case Consumers::key_rows:
+      if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
+      return launch<F, false, 32>(args, items, stream);
+    case Consumers::key_rows_head_halves: return launch<F, false, 32, true>(args, items, stream);
+    case Consumers::head_rows: break;
   }
   if constexpr (F != CacheFormat::bf16) {
     if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);

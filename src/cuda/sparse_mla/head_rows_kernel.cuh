@@ -23,10 +23,12 @@ __device__ __forceinline__ void sync_all() {
 // every key block (fp8 caches, an even number of head blocks; head_rows_layout.cuh).
 // kKeyRowHeads 16 / 32: the keys-as-rows consumers for exactly that many
 // heads (key_rows_consumer.cuh), with the same producer; 0: heads as rows.
-template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0>
+// kHeadHalves: they split the heads (32) instead of the keys.
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
+  static_assert(kKeyRows || !kHeadHalves);
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       for (int h = 0; h < 2; ++h) {
         pl::init(bars.full(b, h), KeyGather<F, kPaired>::full_arrivals(h));
         // Paired: the roles' readers, and one more arrival per warp of the peer's.
-        const int readers = kKeyRows ? key_rows_empty_arrivals() : kPaired ? roles_empty_arrivals(h) : empty_arrivals(b, h);
+        const int readers = kKeyRows ? key_rows_empty_arrivals(kHeadHalves) : kPaired ? roles_empty_arrivals(h) : empty_arrivals(b, h);
         pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
@@ -66,8 +68,8 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows>(args, bars, smem, peer);
   } else if constexpr (kKeyRows) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
-    if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads>(bars, smem).run(args);
-    else KeyRowsConsumer<1, kKeyRowHeads>(bars, smem).run(args);
+    if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
+    else KeyRowsConsumer<1, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
   } else if constexpr (kPaired) {
     if (wg == 0) {
       pl::grow_registers<kRolesRegs0>();

@@ -7,10 +7,19 @@
 //   S^T = K Q^T          A = K (the key buffer, K-major), B = Q (its first H rows)
 //   O^T += V^T P^T       A = V^T (the same buffer read MN-major), B = P^T (smem)
 // The producer, the key buffers and the work items are the heads-as-rows
-// kernel's (head_rows_layout.cuh, head_rows_producer.cuh): warpgroup w takes
-// the block of key buffer w in every round (S, softmax, P V, alone), with its
-// own running maxima and sums; the two halves of the keys meet once per item,
-// in the epilogue. NOTES.md "Keys as rows" has the reasoning and the figures.
+// kernel's (head_rows_layout.cuh, head_rows_producer.cuh). The two consumer
+// warpgroups split a CTA's work in one of two ways:
+//   keys (kHeadHalves false, 16 or 32 heads): warpgroup w takes the block of
+//     key buffer w in every round (S, softmax, P V, alone), with its own
+//     running maxima and sums; the two halves of the keys meet once per
+//     item, in the epilogue. NOTES.md "Keys as rows" has the reasoning and
+//     the figures.
+//   heads (kHeadHalves, 32 heads): warpgroup w takes heads [16 w, 16 w + 16)
+//     over every block (both buffers, in the producer's order), so each
+//     runs the 16-head chain and no merge is needed; a buffer is refilled
+//     while both compute the other one. Each reads the whole key tile, so
+//     P^T cannot go into the rope block (the other warpgroup's S^T may still
+//     read it): it has its own block in kSmemP1 (kSmemHalvesPt).
 //
 // A head's scores are a column of S^T, spread over the warpgroup's four warps
 // (16 keys each) and each warp's eight lane groups, so its block maximum is
@@ -41,11 +50,16 @@ enum KeyRowsBarrier : int { kKeyRowsWg0 = 3, kKeyRowsWg1 = 4 };
 // heads], and the epilogue's column sums, float [2 parities][4 warps][32].
 inline constexpr int kSmemColMax = kSmemP1;
 inline constexpr int kSmemColSum = kSmemColMax + 2 * 2 * 4 * 32 * 4;
-static_assert(kSmemColSum + 2 * 4 * 32 * 4 <= kSmemP1 + kBlockBytes);
+// Head halves: P^T of warpgroup w, [16 heads][64 keys] bf16 (2 KB, on a
+// swizzle atom), after the sums.
+inline constexpr int kSmemHalvesPt = kSmemP1 + 4096;
+static_assert(kSmemColSum + 2 * 4 * 32 * 4 <= kSmemHalvesPt && kSmemHalvesPt + 2 * 2048 <= kSmemP1 + kBlockBytes);
+static_assert(kSmemHalvesPt % 1024 == 0);
 
-// Warpgroup w releases both halves of key buffer w once per round, so every
-// empty barrier counts one warpgroup.
-__host__ __device__ constexpr int key_rows_empty_arrivals() { return 128; }
+// Keys split: warpgroup w releases both halves of key buffer w once per
+// round, so every empty barrier counts one warpgroup. Heads split: both
+// warpgroups read every buffer.
+__host__ __device__ constexpr int key_rows_empty_arrivals(bool head_halves) { return head_halves ? 256 : 128; }
 
 template <int kHeads>
 struct KeyRowsOps;
@@ -60,17 +74,23 @@ struct KeyRowsOps<32> {
   using PV = mma::SS_64x32_MNK;
 };
 
-template <int kWg, int kHeads>
+template <int kWg, int kHeads, bool kHeadHalves>
 struct KeyRowsConsumer {
   static_assert(kHeads == 16 || kHeads == 32);
-  // The half of its buffer that the producer fills first (its order: 0 lo,
-  // 0 hi, 1 hi, 1 lo, head_rows_producer.cuh).
-  static constexpr int kFirst = kWg == 0 ? kLo : kHi;
-  static constexpr int kSecond = 1 - kFirst;
-  static constexpr int kFrag = kHeads / 2;            // floats of a 64 x kHeads accumulator per thread
-  static constexpr int kCols = kHeads / 4;            // heads (columns) per thread
+  static_assert(!kHeadHalves || kHeads == 32, "head halves are two chains of 16 heads");
+  static constexpr int kWgHeads = kHeadHalves ? kHeads / 2 : kHeads;  // this warpgroup's heads (N)
+  static constexpr int kHead0 = kHeadHalves ? kWg * kWgHeads : 0;     // the first of them in the CTA's
+  static constexpr int kFrag = kWgHeads / 2;          // floats of a 64 x kWgHeads accumulator per thread
+  static constexpr int kCols = kWgHeads / 4;          // heads (columns) per thread
   static constexpr int kValueBlocks = kLatentDim / 64;  // O^T: 8 blocks of 64 value dims
   static constexpr int kBarrier = kWg == 0 ? kKeyRowsWg0 : kKeyRowsWg1;
+  // The buffer whose S^T is this warpgroup's last read of an item's query,
+  // and whether its last buffer of an item waits for the merge (finish_item).
+  static constexpr int kLastBuffer = kHeadHalves ? 1 : kWg;
+  static constexpr bool kKeepsLastBuffer = !kHeadHalves && kWg == 1;
+  // The half of buffer b that the producer fills first (its order: 0 lo,
+  // 0 hi, 1 hi, 1 lo, head_rows_producer.cuh).
+  static constexpr int first_half(int b) { return b == 0 ? kLo : kHi; }
 
   WorkItem item;
   const Barriers& bars;
@@ -106,7 +126,14 @@ struct KeyRowsConsumer {
       if (item.rounds > 0) {
         pl::wait(bars.q_full(), q_uses & 1);
         ++q_uses;
-        for (int r = 0; r < item.rounds; ++r, ++round) process_block(round, r);
+        for (int r = 0; r < item.rounds; ++r, ++round) {
+          if constexpr (kHeadHalves) {
+            process_block<0>(round, r);
+            process_block<1>(round, r);
+          } else {
+            process_block<kWg>(round, r);
+          }
+        }
       }
       finish_item(items_done & 1);
     });
@@ -125,46 +152,51 @@ struct KeyRowsConsumer {
     }
   }
 
+  template <int kBuf>
   __device__ __forceinline__ void release() {
-    pl::arrive(bars.empty(kWg, kLo));
-    pl::arrive(bars.empty(kWg, kHi));
+    pl::arrive(bars.empty(kBuf, kLo));
+    pl::arrive(bars.empty(kBuf, kHi));
   }
 
-  // Waits for one half of the own buffer and issues its S^T k-steps.
+  // Waits for one half of buffer kBuf and issues its S^T k-steps (B: the
+  // warpgroup's heads, rows kHead0 .. of the query tile).
+  template <int kBuf>
   __device__ __forceinline__ void issue_s(int ph, int half) {
-    pl::wait(bars.full(kWg, half), ph);
+    pl::wait(bars.full(kBuf, half), ph);
     mma::fence();
-    mma_half<typename KeyRowsOps<kHeads>::S>(s_base + (kSmemK + kWg * kTileBytes), s_base + kSmemQ, s, half,
-                                             half == kFirst);
+    mma_half<typename KeyRowsOps<kWgHeads>::S>(s_base + (kSmemK + kBuf * kTileBytes),
+                                               s_base + (kSmemQ + kHead0 * 128), s, half, half == first_half(kBuf));
   }
 
-  // Block 2 r + kWg of the item, in buffer kWg (global round `round`). A
-  // block past the item's end (warpgroup 1, odd block count) was zero-filled
+  // The block of the item's round r in buffer kBuf (global round `round`).
+  // A block past the item's end (buffer 1, odd block count) was zero-filled
   // by the producer with every key invalid: it is computed like any other
   // and adds 0 (a condition around the products made ptxas serialise every
-  // wgmma of the kernel, C7518). The last round's buffer of warpgroup 1 is
-  // kept for the merge (finish_item).
+  // wgmma of the kernel, C7518). Keys split, the last round's buffer of
+  // warpgroup 1 is kept for the merge (finish_item).
+  template <int kBuf>
   __device__ __forceinline__ void process_block(int round, int r) {
     const int ph = round & 1;
     const bool last = r + 1 == item.rounds;
     mma::fence_operands(s);
-    issue_s(ph, kFirst);
-    issue_s(ph, kSecond);
+    issue_s<kBuf>(ph, first_half(kBuf));
+    issue_s<kBuf>(ph, 1 - first_half(kBuf));
     mma::commit();
     mma::wait<0>();
     mma::fence_operands(s);
-    if (last) pl::arrive(bars.q_empty());  // S^T was the last read of the query
-    pl::wait(bars.valid(kWg), ph);
-    softmax();
-    store_pt();
-    issue_pv();
-    if (!(kWg == 1 && last)) release();
+    if (kBuf == kLastBuffer && last) pl::arrive(bars.q_empty());  // S^T was the last read of the query
+    pl::wait(bars.valid(kBuf), ph);
+    softmax<kBuf>();
+    store_pt<kBuf>();
+    issue_pv<kBuf>();
+    if (!(kKeepsLastBuffer && last)) release<kBuf>();
   }
 
   // Masks invalid keys, takes the heads' block maxima across the warpgroup,
   // and turns S^T into P^T with the running maxima and sums; rescales O^T.
+  template <int kBuf>
   __device__ __forceinline__ void softmax() {
-    const std::uint8_t* flags = smem + kSmemValid + kWg * kBlockKeys;
+    const std::uint8_t* flags = smem + kSmemValid + kBuf * kBlockKeys;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi)
       if (!flags[key(hi)])
@@ -215,12 +247,20 @@ struct KeyRowsConsumer {
     }
   }
 
-  // P^T (bf16) into the own buffer's rope block, which only S^T reads (done):
-  // [kHeads rows][64 keys], K-major and 128-byte swizzled, the B operand of
-  // O^T += V^T P^T. Then every warp of the warpgroup has written its keys
-  // before the product reads all 64.
+  // Where P^T goes: keys split, into the own buffer's rope block, which only
+  // its S^T reads (done); heads split, the warpgroup's own block.
+  template <int kBuf>
+  static constexpr int pt_offset() {
+    return kHeadHalves ? kSmemHalvesPt + kWg * 2048 : kSmemK + kBuf * kTileBytes + (kDimBlocks - 1) * kBlockBytes;
+  }
+
+  // P^T (bf16): [kWgHeads rows][64 keys], K-major and 128-byte swizzled, the
+  // B operand of O^T += V^T P^T. Then every warp of the warpgroup has written
+  // its keys before the product reads all 64. (Heads split, the block's
+  // previous P^T was read by this warpgroup's last product, which it waited for.)
+  template <int kBuf>
   __device__ __forceinline__ void store_pt() {
-    std::uint8_t* pt = smem + kSmemK + kWg * kTileBytes + (kDimBlocks - 1) * kBlockBytes;
+    std::uint8_t* pt = smem + pt_offset<kBuf>();
 #pragma unroll
     for (int c = 0; c < kCols; ++c)
 #pragma unroll
@@ -235,9 +275,10 @@ struct KeyRowsConsumer {
 
   // O^T += V^T P^T over the 8 value blocks (A: dims as M, read MN-major from
   // the key rows), then waits for it: the buffer is released after.
+  template <int kBuf>
   __device__ __forceinline__ void issue_pv() {
-    const mma::DescAddr v = s_base + (kSmemK + kWg * kTileBytes);
-    const mma::DescAddr pt = v + (kDimBlocks - 1) * kBlockBytes;
+    const mma::DescAddr v = s_base + (kSmemK + kBuf * kTileBytes);
+    const mma::DescAddr pt = s_base + pt_offset<kBuf>();
 #pragma unroll
     for (int d = 0; d < kValueBlocks; ++d) mma::fence_operands(o[d]);
     mma::fence();
@@ -245,7 +286,7 @@ struct KeyRowsConsumer {
     for (int d = 0; d < kValueBlocks; ++d)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        mma::mma_ss<typename KeyRowsOps<kHeads>::PV>(mma::desc_mn_major(v + d * kBlockBytes + ks * 16 * 128, kBlockBytes),
+        mma::mma_ss<typename KeyRowsOps<kWgHeads>::PV>(mma::desc_mn_major(v + d * kBlockBytes + ks * 16 * 128, kBlockBytes),
                                                      mma::desc_k_major(pt + ks * 32), o[d]);
     mma::commit();
     mma::wait<0>();
@@ -256,12 +297,18 @@ struct KeyRowsConsumer {
   __device__ pl::Mbarrier* merge_ready() const { return bars.max_ready(0); }  // 128 arrivals: warpgroup 1
   __device__ pl::Mbarrier* merge_read() const { return bars.max_ready(1); }   // 128 arrivals: warpgroup 0
 
-  // The item's two halves meet: warpgroup 1 writes its O^T, maxima and sums
-  // into its key buffer (kept from its last round), warpgroup 0 merges them
-  // into its own and stores the result, and warpgroup 1 then frees its
-  // buffer. An item without keys loaded nothing: warpgroup 0 stores its
-  // zeros alone.
+  // Heads split, each warpgroup has its heads' whole sums: it stores them.
   __device__ __forceinline__ void finish_item(int parity) {
+    if constexpr (kHeadHalves) store(parity);
+    else merge_and_store(parity);
+  }
+
+  // Keys split, the item's two halves meet: warpgroup 1 writes its O^T,
+  // maxima and sums into its key buffer (kept from its last round),
+  // warpgroup 0 merges them into its own and stores the result, and
+  // warpgroup 1 then frees its buffer. An item without keys loaded nothing:
+  // warpgroup 0 stores its zeros alone.
+  __device__ __forceinline__ void merge_and_store(int parity) {
     const bool merge = item.rounds > 0;
     float4* scratch = reinterpret_cast<float4*>(smem + kSmemK + kTileBytes);
     constexpr int kVec = kValueBlocks * kFrag / 4;  // float4 of O^T per thread
@@ -279,7 +326,7 @@ struct KeyRowsConsumer {
       pl::arrive(merge_ready());
       pl::wait(merge_read(), merges & 1);
       ++merges;
-      release();  // its last round's, kept until now
+      release<1>();  // its last round's, kept until now
     } else {
       if (merge) {
         pl::wait(merge_ready(), merges & 1);
@@ -311,14 +358,16 @@ struct KeyRowsConsumer {
     }
   }
 
-  // Warpgroup 0's output of value block d: [kHeads rows][64 dims] bf16 in the
-  // query tile's block d, rows kHeads .. 2 kHeads - 1, which S^T does not read
-  // and the producer does not write (produce<..., kQueryRows = kHeads>),
+  // The warpgroup's output of value block d: [kWgHeads rows][64 dims] bf16 in
+  // the query tile's block d, rows kHeads + kHead0 .., which S^T does not
+  // read and the producer does not write (produce<..., kQueryRows = kHeads>),
   // 128-byte swizzled by the row.
-  __device__ std::uint8_t* staged(int d) const { return smem + kSmemQ + d * kBlockBytes + kHeads * 128; }
+  __device__ std::uint8_t* staged(int d) const {
+    return smem + kSmemQ + d * kBlockBytes + (kHeads + kHead0) * 128;
+  }
 
-  // Warpgroup 0: the heads' sums across its warps, then O (bf16, or the fp32
-  // partial of a split) and the lse.
+  // The storing warpgroup (keys split: 0; heads split: each): its heads' sums
+  // across its warps, then O (bf16, or the fp32 partial of a split) and the lse.
   __device__ __forceinline__ void store(int parity) {
     const WorkItem& w = item;
     const SparseMlaParams& p = *w.p;
@@ -329,19 +378,20 @@ struct KeyRowsConsumer {
       float v = l_part[c];
 #pragma unroll
       for (int lanes = 4; lanes < 32; lanes *= 2) v += __shfl_xor_sync(0xffffffffu, v, lanes);
-      if (g == 0) sums[32 * warp + head(c)] = v;
+      if (g == 0) sums[32 * warp + kHead0 + head(c)] = v;
     }
-    pl::named_sync(128, kKeyRowsWg0);
+    pl::named_sync(128, kBarrier);
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      l[c] = sums[head(c)] + sums[32 + head(c)] + sums[64 + head(c)] + sums[96 + head(c)];
+      const int h = kHead0 + head(c);
+      l[c] = sums[h] + sums[32 + h] + sums[64 + h] + sums[96 + h];
       inv[c] = l[c] > 0.f ? 1.f / l[c] : 0.f;
     }
     const bool partial = w.part_row >= 0;
     if (partial) {  // fp32 partial results for the merge kernel: 8 lanes write 32 contiguous bytes
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        float* dst = w.args->part_o + static_cast<std::int64_t>(w.part_row + head(c)) * 512;
+        float* dst = w.args->part_o + static_cast<std::int64_t>(w.part_row + kHead0 + head(c)) * 512;
 #pragma unroll
         for (int d = 0; d < kValueBlocks; ++d)
 #pragma unroll
@@ -355,16 +405,16 @@ struct KeyRowsConsumer {
       for (int c = 0; c < kCols; ++c) {
         const float lse = l[c] > 0.f ? (m_run[c] + log2f(l[c])) * sm::kLn2 : -INFINITY;
         if (partial) {
-          w.args->part_lse[w.part_row + head(c)] = lse;
+          w.args->part_lse[w.part_row + kHead0 + head(c)] = lse;
         } else if (p.lse != nullptr) {
           const std::int64_t lse_row = p.lse_rows != nullptr ? p.lse_rows[w.token] : w.token;
-          p.lse[lse_row * p.num_heads + w.head0 + head(c)] = lse;
+          p.lse[lse_row * p.num_heads + w.head0 + kHead0 + head(c)] = lse;
         }
       }
     }
   }
 
-  // The item's output, [kHeads][512] bf16, contiguous in o_lat: transposed
+  // The warpgroup's output, [kWgHeads][512] bf16, contiguous in o_lat: transposed
   // into smem (staged) by stmatrix.trans, then 16-byte stores of consecutive
   // chunks (2-byte stores straight from the accumulators took 4x as many
   // instructions, each filling a quarter of a sector per lane group).
@@ -378,7 +428,7 @@ struct KeyRowsConsumer {
 #pragma unroll
     for (int d = 0; d < kValueBlocks; ++d)
 #pragma unroll
-      for (int jj = 0; jj < kHeads / 16; ++jj) {
+      for (int jj = 0; jj < kWgHeads / 16; ++jj) {
         std::uint32_t r[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -391,11 +441,12 @@ struct KeyRowsConsumer {
             r[0], r[1], r[2], r[3],
             *reinterpret_cast<cute::uint128_t*>(staged(d) + h * 128 + ((chunk ^ (h & 7)) << 4)));
       }
-    pl::named_sync(128, kKeyRowsWg0);
+    pl::named_sync(128, kBarrier);
     const SparseMlaParams& p = *item.p;
-    __nv_bfloat16* out = p.o_lat + (static_cast<std::int64_t>(item.token) * p.num_heads + item.head0) * 512;
+    __nv_bfloat16* out =
+        p.o_lat + (static_cast<std::int64_t>(item.token) * p.num_heads + item.head0 + kHead0) * 512;
 #pragma unroll
-    for (int i = 0; i < kHeads * 64 / 128; ++i) {
+    for (int i = 0; i < kWgHeads * 64 / 128; ++i) {
       const int q = i * 128 + tid, h = q >> 6, c64 = q & 63;
       const uint4 v =
           *reinterpret_cast<const uint4*>(staged(c64 >> 3) + h * 128 + (((c64 & 7) ^ (h & 7)) << 4));
