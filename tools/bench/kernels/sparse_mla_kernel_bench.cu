@@ -3,7 +3,7 @@
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
 //   build/sparse_mla_kernel_bench [--quick | --small-heads | --decode-sweep] [--case TEXT] [--own-inputs]
-//                                 [--gather-ceiling]
+//                                 [--gather-ceiling] | --fence-probe
 //
 // --small-heads: the H 16 / 32 cases next to H 64 (prefill S 256..4096, decode B 1..128).
 // --decode-sweep: fp8_ds_mla decode at H 128 and H 64 over the batch sizes
@@ -12,6 +12,8 @@
 // --gather-ceiling: after each case, the time to read its valid key rows once
 // with nothing else (gather_ceiling.cuh), and the case's gathered bytes per
 // second against it.
+// --fence-probe: only the probe of fence_probe.cuh (does the fp8 producer's
+// proxy fence wait for its loads in flight?), no cases.
 // --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
 // H128 B128"), so a profiler sees one case's launches.
 //
@@ -43,6 +45,7 @@
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
+#include "fence_probe.cuh"
 #include "gather_ceiling.cuh"
 #include "plan/sparse_split.hpp"
 #include "synced_timing.hpp"
@@ -357,7 +360,7 @@ Result run_case(const Case& c, int warmup, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, small_heads = false, decode_sweep = false;
+  bool quick = false, small_heads = false, decode_sweep = false, fence_probe = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
@@ -366,11 +369,16 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) only = argv[++i];
     else if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
     else if (std::strcmp(argv[i], "--gather-ceiling") == 0) g_gather_ceiling = true;
+    else if (std::strcmp(argv[i], "--fence-probe") == 0) fence_probe = true;
     else {
-      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling)\n",
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling, --fence-probe)\n",
                    argv[i]);
       return 2;
     }
+  }
+  if (fence_probe) {
+    dsmla::bench::run_fence_probe();
+    return 0;
   }
   cudaDeviceProp prop{};
   DSMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
