@@ -346,8 +346,9 @@ TEST(DenseMhaGrid, OneBlockPerMultiprocessorUnlessOverridden) {
   EXPECT_EQ(dense_mha_grid_blocks(16384, 132, "units"), 16384);
   EXPECT_EQ(dense_mha_grid_blocks(16384, 132, "3"), 3);
   EXPECT_EQ(dense_mha_grid_blocks(2, 132, "3"), 2);
-  for (const char* ignored : {"", "0", "-4", "3x", "many"})
-    EXPECT_EQ(dense_mha_grid_blocks(16384, 132, ignored), 132) << "override '" << ignored << "'";
+  EXPECT_EQ(dense_mha_grid_blocks(16384, 132, ""), 132);  // empty: unset
+  for (const char* bad : {"0", "-4", "3x", "many", " 3", "99999999999999999999"})
+    EXPECT_THROW(dense_mha_grid_blocks(16384, 132, bad), Error) << "override '" << bad << "'";
 }
 
 TEST(DensePromptPacking, MergesAdjacentShortPromptsUpToOneTile) {

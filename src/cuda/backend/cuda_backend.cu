@@ -71,14 +71,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "api/backend_impl.hpp"
+#include "common/env.hpp"
 #include "cuda/backend/backend_kernels.hpp"
 #include "cuda/cache/cache_kernels.hpp"
 #include "cuda/common/cuda_check.hpp"
@@ -218,10 +218,8 @@ class CudaBackend final : public BackendImpl {
     try {
       cublas_workspace_.resize(kCublasWorkspaceBytes);
       dense_unit_counter_.resize(1);
-      const char* stage = std::getenv("DSMLA_STAGE_LATENT");
-      stage_latent_ = stage == nullptr || std::strcmp(stage, "0") != 0;
-      const char* overlap = std::getenv("DSMLA_OVERLAP_PATHS");
-      if (overlap != nullptr && std::strcmp(overlap, "1") == 0) {
+      stage_latent_ = dsmla::detail::env_choice("DSMLA_STAGE_LATENT", {"0", "1"}) != 0;
+      if (dsmla::detail::env_choice("DSMLA_OVERLAP_PATHS", {"0", "1"}) == 1) {
         overlap_ = std::make_unique<PathOverlap>();
         overlap_->cublas_workspace.resize(kCublasWorkspaceBytes);
       }

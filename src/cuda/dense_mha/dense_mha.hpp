@@ -72,8 +72,9 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
 
 // Blocks of the kernel's persistent grid for `units` (work items x heads): one
 // per multiprocessor, never more than units. `grid_override` (the launcher
-// passes DSMLA_DENSE_GRID, for comparisons and tests; null: none) sets another
-// count, or "units" for a block per unit; anything else is ignored.
+// passes DSMLA_DENSE_GRID, for comparisons and tests; null or empty: none)
+// sets another count (a decimal integer >= 1), or "units" for a block per
+// unit; anything else throws Error naming it.
 std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, const char* grid_override);
 
 // Short prompts packed into shared query tiles. The kernel gives every work

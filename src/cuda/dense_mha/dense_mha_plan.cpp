@@ -1,8 +1,10 @@
 // Host side of the dense MHA kernel: request conversion, the work schedule
 // and the size of the persistent grid.
 #include <algorithm>
-#include <cstdlib>
+#include <charconv>
 #include <string>
+#include <string_view>
+#include <system_error>
 
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
@@ -29,11 +31,13 @@ std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseReques
 
 std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, const char* grid_override) {
   std::int64_t blocks = multiprocessors;
-  if (grid_override != nullptr) {
-    char* end = nullptr;
-    const long long forced = std::strtoll(grid_override, &end, 10);
-    if (std::string(grid_override) == "units") blocks = units;
-    else if (end != grid_override && *end == 0 && forced >= 1) blocks = forced;
+  const std::string_view text = grid_override != nullptr ? grid_override : "";
+  if (text == "units") {
+    blocks = units;
+  } else if (!text.empty()) {
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), blocks);
+    if (ec != std::errc() || end != text.data() + text.size() || blocks < 1)
+      throw Error("DSMLA_DENSE_GRID='" + std::string(text) + "' (expected units, an integer >= 1, or unset)");
   }
   return std::max<std::int64_t>(0, std::min(blocks, units));
 }

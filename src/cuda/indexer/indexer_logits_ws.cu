@@ -5,9 +5,9 @@
 // logits_ws_consumer.cuh; NOTES.md ("v2" to "v7") has the versions.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <string>
 
+#include "common/env.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pipeline.cuh"
@@ -105,21 +105,19 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
 // launch_indexer_topk's precondition).
 // DSMLA_INDEXER_WS_TMA=0 forces the cp.async producer (read on every launch, as
 // DSMLA_INDEXER_WS_TILES_PER_CTA: tests compare the two producers in one process).
-bool env_is(const char* name, const char* value) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::string(env) == value;
-}
+// Whether the on/off switch `name` (0 or 1, common/env.hpp) says 0.
+bool switched_off(const char* name) { return dsmla::detail::env_choice(name, {"0", "1"}) == 0; }
 
 bool tma_producer_fits(const IndexerTopkParams& p) {
   const int bs = p.block_size;
-  return !env_is("DSMLA_INDEXER_WS_TMA", "0") && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;
+  return !switched_off("DSMLA_INDEXER_WS_TMA") && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;
 }
 
 // The weights in registers with the TMA producer (the default since its first GPU
 // run, 2026-12-03: 8-11 % off the prefill logits, decode no slower);
 // DSMLA_INDEXER_WS_REGS=0 reads them from shared memory instead (read on every
 // launch: tests and the harness compare the two in one process).
-bool reg_weights_chosen() { return !env_is("DSMLA_INDEXER_WS_REGS", "0"); }
+bool reg_weights_chosen() { return !switched_off("DSMLA_INDEXER_WS_REGS"); }
 
 // The cache's codes as a [num_blocks][block_size][128 B] tensor (a block's rows
 // 128 B apart, blocks block_size * 132 B apart), boxes of one piece.
@@ -140,10 +138,8 @@ void launch_logits_wgmma_ws(const IndexerTopkParams& p, int row_begin, int row_c
   // where few long rows would leave SMs idle (host rule, indexer_schedule.cpp).
   int tiles_per_cta = indexer_ws_tiles_per_cta(quads, tiles, kCtasPerSm * multiprocessor_count());
   // Tests force long CTAs on small problems with DSMLA_INDEXER_WS_TILES_PER_CTA (>= 1).
-  if (const char* env = std::getenv("DSMLA_INDEXER_WS_TILES_PER_CTA")) {
-    const int forced = std::atoi(env);
-    if (forced >= 1) tiles_per_cta = std::min(forced, tiles);
-  }
+  if (const auto forced = dsmla::detail::env_integer("DSMLA_INDEXER_WS_TILES_PER_CTA", 1, INT_MAX))
+    tiles_per_cta = static_cast<int>(std::min<long long>(*forced, tiles));
   const int chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   const std::int64_t blocks = quads * chunks;
   if (blocks > INT_MAX) throw Error("indexer logits_ws_kernel: grid of " + std::to_string(blocks) + " blocks");

@@ -16,12 +16,11 @@
 //
 // Top-k: 1-8 1024-thread CTAs per row (topk_kernel; its passes in topk_select.cuh).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "common/env.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.hpp"
@@ -222,13 +221,14 @@ const char* to_string(IndexerLogitsKernel kernel) {
 
 IndexerLogitsKernel default_indexer_logits_kernel() {
   static const IndexerLogitsKernel kernel = [] {
-    const char* env = std::getenv("DSMLA_INDEXER_LOGITS");
     // wgmma_ws since its first GPU run (2026-12-02: the same tests passed,
     // 1.84x faster than wgmma on a 16K prefill, NOTES.md v2); wgmma before it
     // (19x faster than cuda_core), which stays as the reference.
-    if (env != nullptr && std::strcmp(env, "cuda_core") == 0) return IndexerLogitsKernel::cuda_core;
-    if (env != nullptr && std::strcmp(env, "wgmma") == 0) return IndexerLogitsKernel::wgmma;
-    return IndexerLogitsKernel::wgmma_ws;
+    switch (dsmla::detail::env_choice("DSMLA_INDEXER_LOGITS", {"wgmma_ws", "wgmma", "cuda_core"})) {
+      case 1: return IndexerLogitsKernel::wgmma;
+      case 2: return IndexerLogitsKernel::cuda_core;
+      default: return IndexerLogitsKernel::wgmma_ws;
+    }
   }();
   return kernel;
 }
@@ -279,10 +279,10 @@ TopkGroupSlots topk_group_slots() {
 // choice on this device, or DSMLA_INDEXER_TOPK_CTAS_PER_ROW (1, 2, 4 or 8) for sweeps.
 // (The environment is read once per process, not on every chunk's launch.)
 int chosen_topk_split(int rows, int max_pos) {
+  static_assert(kMaxTopkCtasPerRow == 8, "the choices below");
   static const int forced = [] {
-    const char* env = std::getenv("DSMLA_INDEXER_TOPK_CTAS_PER_ROW");
-    const int value = env != nullptr ? std::atoi(env) : 0;
-    return value == 1 || value == 2 || value == 4 || value == kMaxTopkCtasPerRow ? value : 0;
+    const int choice = dsmla::detail::env_choice("DSMLA_INDEXER_TOPK_CTAS_PER_ROW", {"1", "2", "4", "8"});
+    return choice < 0 ? 0 : 1 << choice;
   }();
   return forced != 0 ? forced : indexer_topk_ctas_per_row(rows, max_pos + 1, topk_group_slots());
 }

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "common/env.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/head_rows_kernel.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
@@ -15,23 +15,12 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
 
-// A setting in the environment to measure one kernel against another: -1
-// when unset (the host rule decides), else a digit 0 .. max_value (its
-// callers keep the first reading).
-int switch_setting(const char* name, int max_value = 1) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return -1;
-  const std::string text(env);
-  if (text.size() == 1 && text[0] >= '0' && text[0] <= '0' + max_value) return text[0] - '0';
-  std::string expected;
-  for (int v = 0; v <= max_value; ++v) expected += std::to_string(v) + ", ";
-  throw Error(std::string(name) + "='" + text + "' (expected " + expected + "or unset)");
-}
+// The environment's switches (common/env.hpp) are read once per process.
 
 // DSMLA_SPARSE_PAIRED: unset or 1 follows the host rule (plan_sparse_pairing),
 // 0 never pairs.
 int pairing_setting() {
-  static const int value = switch_setting("DSMLA_SPARSE_PAIRED");
+  static const int value = dsmla::detail::env_choice("DSMLA_SPARSE_PAIRED", {"0", "1"});
   return value;
 }
 
@@ -42,7 +31,7 @@ int pairing_setting() {
 // heads: key_rows_consumer.cuh).
 enum class Consumers { head_rows, key_rows, key_rows_head_halves };
 Consumers consumers_for(int num_heads) {
-  static const int setting = switch_setting("DSMLA_SPARSE_KEY_ROWS", 2);
+  static const int setting = dsmla::detail::env_choice("DSMLA_SPARSE_KEY_ROWS", {"0", "1", "2"});
   if (setting == -1) return plan_sparse_key_rows(num_heads) ? Consumers::key_rows : Consumers::head_rows;
   if (setting == 0 || (num_heads != 16 && num_heads != 32)) return Consumers::head_rows;
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;

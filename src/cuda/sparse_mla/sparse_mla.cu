@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
+#include "common/env.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "cuda/sparse_mla/kernel_args.hpp"
@@ -141,13 +141,12 @@ void check_params(const SparseMlaParams& p) {
 // measure one against another; plan/sparse_split.hpp).
 SparseSplitMode env_split_mode() {
   static const SparseSplitMode mode = [] {
-    const char* env = std::getenv("DSMLA_SPARSE_SPLIT");
-    const std::string text = env != nullptr ? env : "";
-    if (text.empty() || text == "auto") return SparseSplitMode::automatic;
-    if (text == "whole") return SparseSplitMode::whole;
-    if (text == "equal") return SparseSplitMode::equal;
-    if (text == "balanced") return SparseSplitMode::balanced;
-    throw Error("DSMLA_SPARSE_SPLIT='" + text + "' (expected auto, whole, equal or balanced)");
+    switch (dsmla::detail::env_choice("DSMLA_SPARSE_SPLIT", {"auto", "whole", "equal", "balanced"})) {
+      case 1: return SparseSplitMode::whole;
+      case 2: return SparseSplitMode::equal;
+      case 3: return SparseSplitMode::balanced;
+      default: return SparseSplitMode::automatic;
+    }
   }();
   return mode;
 }
