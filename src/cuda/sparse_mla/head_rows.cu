@@ -15,10 +15,8 @@ namespace dsmla::cuda::sparse_mla_detail {
 
 namespace {
 
-// The environment's switches (common/env.hpp) are read once per process.
-
-// DSMLA_SPARSE_PAIRED: unset or 1 follows the host rule (plan_sparse_pairing),
-// 0 never pairs.
+// DSMLA_SPARSE_PAIRED (read once, common/env.hpp): unset or 1 follows the
+// host rule (plan_sparse_pairing), 0 never pairs.
 int pairing_setting() {
   static const int value = dsmla::detail::env_choice("DSMLA_SPARSE_PAIRED", {"0", "1"});
   return value;
