@@ -6,6 +6,7 @@
 // Unset and empty are the same: the default.
 #pragma once
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
@@ -40,17 +41,25 @@ inline int env_choice(const char* name, std::initializer_list<std::string_view> 
   throw Error(concat(name, "='", *text, "' (expected one of ", expected, "or unset)"));
 }
 
+// `text`, the value of setting `name`, as a decimal integer in [lo, hi];
+// anything else throws an error naming both (`also` names what else the
+// setting accepts, e.g. "units, ").
+inline long long parse_integer(const char* name, std::string_view text, long long lo, long long hi,
+                               std::string_view also = "") {
+  long long value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec == std::errc() && ptr == end && value >= lo && value <= hi) return value;
+  const std::string range = hi >= INT_MAX ? concat("an integer >= ", lo) : concat("an integer in [", lo, ", ", hi, "]");
+  throw Error(concat(name, "='", text, "' (expected ", also, range, ", or unset)"));
+}
+
 // The value of `name` as a decimal integer in [lo, hi], or nullopt when it is
 // unset or empty.
 inline std::optional<long long> env_integer(const char* name, long long lo, long long hi) {
   const std::optional<std::string> text = env_text(name);
   if (!text) return std::nullopt;
-  long long value = 0;
-  const char* end = text->data() + text->size();
-  const auto [ptr, ec] = std::from_chars(text->data(), end, value);
-  if (ec != std::errc() || ptr != end || value < lo || value > hi)
-    throw Error(concat(name, "='", *text, "' (expected an integer in [", lo, ", ", hi, "], or unset)"));
-  return value;
+  return parse_integer(name, *text, lo, hi);
 }
 
 }  // namespace dsmla::detail

@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdlib>
 #include <string>
+
+#include "support/test_support.hpp"
 
 namespace dsmla::detail {
 namespace {
@@ -18,15 +21,6 @@ struct ScopedEnv {
   explicit ScopedEnv(const char* value) { EXPECT_EQ(setenv(kName, value, 1), 0); }
   ~ScopedEnv() { unsetenv(kName); }
 };
-
-std::string error_of(auto&& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(EnvChoice, UnsetAndEmptyGiveTheDefault) {
   unsetenv(kName);
@@ -47,7 +41,7 @@ TEST(EnvChoice, ListedValuesGiveTheirPosition) {
 TEST(EnvChoice, AnyOtherValueIsAnErrorNamingIt) {
   for (const char* bad : {"false", "01", " 1", "1 ", "balnced", "ON"}) {
     ScopedEnv env(bad);
-    const std::string what = error_of([] { env_choice(kName, {"0", "1"}); });
+    const std::string what = test::error_of([] { env_choice(kName, {"0", "1"}); });
     EXPECT_EQ(what, std::string(kName) + "='" + bad + "' (expected one of 0, 1, or unset)") << bad;
   }
 }
@@ -69,9 +63,15 @@ TEST(EnvInteger, ValuesInRange) {
 TEST(EnvInteger, MalformedOrOutOfRangeIsAnError) {
   for (const char* bad : {"0", "9", "-1", "3x", "x3", " 3", "3.0", "99999999999999999999999"}) {
     ScopedEnv env(bad);
-    const std::string what = error_of([] { env_integer(kName, 1, 8); });
+    const std::string what = test::error_of([] { env_integer(kName, 1, 8); });
     EXPECT_EQ(what, std::string(kName) + "='" + bad + "' (expected an integer in [1, 8], or unset)") << bad;
   }
+}
+
+TEST(EnvInteger, AnOpenRangeReadsAsALowerBound) {
+  ScopedEnv env("0");
+  EXPECT_EQ(test::error_of([] { env_integer(kName, 1, INT_MAX); }),
+            std::string(kName) + "='0' (expected an integer >= 1, or unset)");
 }
 
 }  // namespace

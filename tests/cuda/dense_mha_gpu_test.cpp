@@ -89,7 +89,7 @@ struct DenseOutputs {
 // Runs the kernel on `batch` (its requests merged by pack_dense_prompts when
 // `pack`), checks every row against the float reference of its own request
 // and returns what the kernel wrote.
-DenseOutputs expect_matches_reference(const Batch& batch, int H, bool pack) {
+DenseOutputs expect_matches_reference(const DenseTestBatch& batch, int H, bool pack) {
   const float scale = static_cast<float>(default_softmax_scale());
   std::mt19937 rng(1234 + H);
   // q in [-2, 2] makes the softmax peaked enough that one wrongly masked key
@@ -230,7 +230,7 @@ TEST_P(DenseMhaGpuTest, EveryGridSizeGivesTheSameOutputs) {
     ~UnsetOnExit() { unsetenv("DSMLA_DENSE_GRID"); }
   } unset_on_exit;
   for (const bool pack : {false, true}) {
-    const Batch batch = pack ? packed_batch() : mixed_batch();
+    const DenseTestBatch batch = pack ? packed_batch() : mixed_batch();
     ASSERT_EQ(setenv("DSMLA_DENSE_GRID", "units", 1), 0);
     const DenseOutputs one_per_block = expect_matches_reference(batch, GetParam(), pack);
     for (const char* grid : {"1", "3", ""}) {

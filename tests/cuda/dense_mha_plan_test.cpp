@@ -12,12 +12,13 @@
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dense_mha_test_batches.hpp"
 #include "dsmla/types.hpp"
+#include "support/test_support.hpp"
 
 namespace dsmla::cuda {
 namespace {
 
 TEST(DenseMhaSchedule, CoversEveryTileOnceLongestFirst) {
-  const Batch batch = mixed_batch();
+  const DenseTestBatch batch = mixed_batch();
   const auto work = make_dense_mha_schedule(batch.requests);
   std::vector<std::pair<int, int>> seen;
   std::int64_t prev_tiles = INT64_MAX;
@@ -50,7 +51,8 @@ TEST(DenseMhaGrid, OneBlockPerMultiprocessorUnlessOverridden) {
   EXPECT_EQ(dense_mha_grid_blocks(2, 132, "3"), 2);
   EXPECT_EQ(dense_mha_grid_blocks(16384, 132, ""), 132);  // empty: unset
   for (const char* bad : {"0", "-4", "3x", "many", " 3", "99999999999999999999"})
-    EXPECT_THROW(dense_mha_grid_blocks(16384, 132, bad), Error) << "override '" << bad << "'";
+    EXPECT_EQ(test::error_of([&] { (void)dense_mha_grid_blocks(16384, 132, bad); }),
+              std::string("DSMLA_DENSE_GRID='") + bad + "' (expected units, an integer >= 1, or unset)");
 }
 
 TEST(DensePromptPacking, MergesAdjacentShortPromptsUpToOneTile) {

@@ -15,14 +15,14 @@ inline DenseRequest dense_request(int request, int q_start, int q_len, int ctx_l
 
 // Rows 0..(T-1) of q / out, rows of kv_up / latent; deliberately out of order
 // and with holes (rows no request owns) in both.
-struct Batch {
+struct DenseTestBatch {
   std::vector<DenseRequest> requests;
   int num_rows = 0;       // T
   std::int64_t kv_rows = 0;
 };
 
-inline Batch mixed_batch() {
-  Batch b;
+inline DenseTestBatch mixed_batch() {
+  DenseTestBatch b;
   // (q_len, ctx_len) pairs: a lone token, a token over a context, two tiles
   // of query with a ragged tail, ragged context + ragged query, three tiles,
   // a short chunk over a long prefix, and an empty query.
@@ -50,8 +50,8 @@ inline Batch mixed_batch() {
 // of adjacent prompts (1..40 tokens, no cached prefix), broken by a prompt over
 // a cached prefix, by an unowned query row, by a 130-token prompt and by the
 // 128-row cap; kv rows follow each other except around the breaks.
-inline Batch packed_batch() {
-  Batch b;
+inline DenseTestBatch packed_batch() {
+  DenseTestBatch b;
   std::mt19937 rng(99);
   std::uniform_int_distribution<int> short_len(1, 40);
   int q_row = 0;

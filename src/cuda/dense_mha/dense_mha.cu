@@ -7,9 +7,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
+#include <optional>
 #include <string>
 
+#include "common/env.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/dense_mha/dense_mha_kernel.cuh"
 #include "dsmla/types.hpp"
@@ -76,7 +77,8 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   check_aligned(p.unit_counter, alignof(std::int32_t), "unit_counter");
   const std::int64_t units = std::int64_t{p.num_work_items} * p.num_heads;
   // DSMLA_DENSE_GRID is read on every launch (tests set it between launches).
-  const std::int64_t blocks = dense_mha_grid_blocks(units, multiprocessor_count(), std::getenv("DSMLA_DENSE_GRID"));
+  const std::optional<std::string> grid = dsmla::detail::env_text("DSMLA_DENSE_GRID");  // per launch: tests vary it
+  const std::int64_t blocks = dense_mha_grid_blocks(units, multiprocessor_count(), grid ? grid->c_str() : nullptr);
   // A block's last fetch from the unit counter reads up to units - 1 + blocks (int in the kernel).
   if (units + blocks > INT_MAX)
     throw Error("launch_dense_mha: " + std::to_string(units) + " units (work items x heads) on " +

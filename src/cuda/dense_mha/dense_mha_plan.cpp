@@ -1,11 +1,11 @@
 // Host side of the dense MHA kernel: request conversion, the work schedule
 // and the size of the persistent grid.
 #include <algorithm>
-#include <charconv>
+#include <climits>
 #include <string>
 #include <string_view>
-#include <system_error>
 
+#include "common/env.hpp"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
 
@@ -35,9 +35,7 @@ std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, cons
   if (text == "units") {
     blocks = units;
   } else if (!text.empty()) {
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), blocks);
-    if (ec != std::errc() || end != text.data() + text.size() || blocks < 1)
-      throw Error("DSMLA_DENSE_GRID='" + std::string(text) + "' (expected units, an integer >= 1, or unset)");
+    blocks = detail::parse_integer("DSMLA_DENSE_GRID", text, 1, LLONG_MAX, "units, ");
   }
   return std::max<std::int64_t>(0, std::min(blocks, units));
 }

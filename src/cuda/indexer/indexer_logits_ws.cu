@@ -100,14 +100,14 @@ __global__ void __launch_bounds__(kThreads<kRegWeights>, kCtasPerSm)
   __syncthreads();
 }
 
+// Whether the on/off switch `name` (0 or 1, common/env.hpp) says 0.
+bool switched_off(const char* name) { return dsmla::detail::env_choice(name, {"0", "1"}) == 0; }
+
 // The TMA producer's shapes: a tile's pieces of min(block_size, 64) keys each lie
 // in one cache block (the cache's 16-byte alignment, a tensor map's base, is
 // launch_indexer_topk's precondition).
 // DSMLA_INDEXER_WS_TMA=0 forces the cp.async producer (read on every launch, as
 // DSMLA_INDEXER_WS_TILES_PER_CTA: tests compare the two producers in one process).
-// Whether the on/off switch `name` (0 or 1, common/env.hpp) says 0.
-bool switched_off(const char* name) { return dsmla::detail::env_choice(name, {"0", "1"}) == 0; }
-
 bool tma_producer_fits(const IndexerTopkParams& p) {
   const int bs = p.block_size;
   return !switched_off("DSMLA_INDEXER_WS_TMA") && (bs == 16 || bs == 32 || bs % kTileKeys == 0) && p.num_blocks > 0;

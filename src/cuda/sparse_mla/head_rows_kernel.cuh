@@ -23,12 +23,13 @@ __device__ __forceinline__ void sync_all() {
 // every key block (fp8 caches, an even number of head blocks; head_rows_layout.cuh).
 // kKeyRowHeads 16 / 32: the keys-as-rows consumers for exactly that many
 // heads (key_rows_consumer.cuh), with the same producer; 0: heads as rows.
-// kHeadHalves: they split the heads (32) instead of the keys.
+// kHeadHalves: those consumers split the CTA's 32 heads between the
+// warpgroups instead of the keys (key_rows_consumer.cuh, "heads split").
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
-  static_assert(kKeyRows || !kHeadHalves);
+  static_assert(kKeyRows || !kHeadHalves, "heads split is a mode of the keys-as-rows consumers");
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may

@@ -8,7 +8,8 @@
 //   O^T += V^T P^T       A = V^T (the same buffer read MN-major), B = P^T (smem)
 // The producer, the key buffers and the work items are the heads-as-rows
 // kernel's (head_rows_layout.cuh, head_rows_producer.cuh). The two consumer
-// warpgroups split a CTA's work in one of two ways:
+// warpgroups split a CTA's work in one of two ways, called "keys split" and
+// "heads split" below:
 //   keys (kHeadHalves false, 16 or 32 heads): warpgroup w takes the block of
 //     key buffer w in every round (S, softmax, P V, alone), with its own
 //     running maxima and sums; the two halves of the keys meet once per
@@ -47,10 +48,11 @@ enum KeyRowsBarrier : int { kKeyRowsWg0 = 3, kKeyRowsWg1 = 4 };
 
 // This kernel does not use the heads-as-rows P_1 block (kSmemP1, 8 KB): it
 // holds the warps' column maxima, float [2 warpgroups][2 parities][4 warps][32
-// heads], and the epilogue's column sums, float [2 parities][4 warps][32].
+// heads], the epilogue's column sums, float [2 parities][4 warps][32], and,
+// heads split, each warpgroup's P^T.
 inline constexpr int kSmemColMax = kSmemP1;
 inline constexpr int kSmemColSum = kSmemColMax + 2 * 2 * 4 * 32 * 4;
-// Head halves: P^T of warpgroup w, [16 heads][64 keys] bf16 (2 KB, on a
+// Heads split: P^T of warpgroup w, [16 heads][64 keys] bf16 (2 KB, on a
 // swizzle atom), after the sums.
 inline constexpr int kSmemHalvesPt = kSmemP1 + 4096;
 static_assert(kSmemColSum + 2 * 4 * 32 * 4 <= kSmemHalvesPt && kSmemHalvesPt + 2 * 2048 <= kSmemP1 + kBlockBytes);
@@ -77,7 +79,7 @@ struct KeyRowsOps<32> {
 template <int kWg, int kHeads, bool kHeadHalves>
 struct KeyRowsConsumer {
   static_assert(kHeads == 16 || kHeads == 32);
-  static_assert(!kHeadHalves || kHeads == 32, "head halves are two chains of 16 heads");
+  static_assert(!kHeadHalves || kHeads == 32, "heads split: two chains of 16 heads");
   static constexpr int kWgHeads = kHeadHalves ? kHeads / 2 : kHeads;  // this warpgroup's heads (N)
   static constexpr int kHead0 = kHeadHalves ? kWg * kWgHeads : 0;     // the first of them in the CTA's
   static constexpr int kFrag = kWgHeads / 2;          // floats of a 64 x kWgHeads accumulator per thread

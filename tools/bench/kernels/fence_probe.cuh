@@ -15,7 +15,7 @@
 //   none              no instruction (control: the window is ~0, the wait the latency)
 //   proxy_fence       the producer's fence (pipeline::fence_smem_for_mma)
 //   proxy_fence_idle  the same fence with no load in flight (its own cost)
-//   block_fence       __threadfence_block (MEMBAR.CTA semantics of fence.acq_rel.cta)
+//   block_fence       __threadfence_block (MEMBAR.SC.CTA)
 //   mbarrier_arrive   an arrival on an mbarrier (release semantics, as the full barrier's)
 //   cp_async_fence    a cp.async copy in flight instead of a load, then the proxy fence
 // A window near the control's wait, with a wait near 0 after it, means the
@@ -46,10 +46,12 @@ __device__ __forceinline__ void probe_store(std::uint32_t addr, const uint4& v) 
 }
 
 // The mode is a template argument: no branch inside the timed window.
+// `seed` differs between launches, so that no launch finds the lines of an
+// earlier one in L2 (one launch reads ~69 MB of sectors, L2 holds 50 MB).
 template <FenceProbe m>
 __global__ void __launch_bounds__(kFenceProbeThreads) fence_probe_kernel(const uint4* __restrict__ buf,
-                                                                          std::uint64_t lines, int iters,
-                                                                          unsigned long long* cycles,
+                                                                          std::uint64_t lines, std::uint64_t seed,
+                                                                          int iters, unsigned long long* cycles,
                                                                           unsigned* sink) {
   namespace pl = dsmla::cuda::pipeline;
   __shared__ alignas(16) uint4 stage[kFenceProbeThreads];
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(kFenceProbeThreads) fence_probe_kernel(const u
   unsigned fold = 0;
   for (int it = 0; it < iters; ++it) {
     // A random 128-byte line of the buffer (8 uint4 each), its first 16 bytes.
-    const std::uint64_t line = mix64((static_cast<std::uint64_t>(blockIdx.x) << 40) ^
+    const std::uint64_t line = mix64(seed ^ (static_cast<std::uint64_t>(blockIdx.x) << 40) ^
                                      (static_cast<std::uint64_t>(tid) << 20) ^ static_cast<std::uint64_t>(it)) % lines;
     const uint4* src = buf + 8 * line;
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -106,12 +108,12 @@ __global__ void __launch_bounds__(kFenceProbeThreads) fence_probe_kernel(const u
   if (fold == 0x9E3779B9u) *sink = fold;
 }
 
-inline void launch_fence_probe(int mode, int blocks, const uint4* buf, std::uint64_t lines, int iters,
-                               unsigned long long* cycles, unsigned* sink) {
+inline void launch_fence_probe(int mode, int blocks, const uint4* buf, std::uint64_t lines, std::uint64_t seed,
+                               int iters, unsigned long long* cycles, unsigned* sink) {
   switch (static_cast<FenceProbe>(mode)) {
 #define DSMLA_FENCE_PROBE(M)                                                                  \
   case FenceProbe::M:                                                                         \
-    fence_probe_kernel<FenceProbe::M><<<blocks, kFenceProbeThreads>>>(buf, lines, iters, cycles, sink); \
+    fence_probe_kernel<FenceProbe::M><<<blocks, kFenceProbeThreads>>>(buf, lines, seed, iters, cycles, sink); \
     break;
     DSMLA_FENCE_PROBE(none)
     DSMLA_FENCE_PROBE(proxy_fence)
@@ -145,7 +147,8 @@ inline void run_fence_probe() {
     unsigned long long host[2] = {0, 0};
     for (int rep = 0; rep < 2; ++rep) {  // the first run warms the TLB and the code
       DSMLA_CUDA_CHECK(cudaMemset(cycles, 0, 2 * sizeof(unsigned long long)));
-      launch_fence_probe(mode, 2 * sms, buf, lines, kIters, cycles, sink);
+      const std::uint64_t seed = mix64(0x5eedull + 2 * static_cast<std::uint64_t>(mode) + rep) << 1;
+      launch_fence_probe(mode, 2 * sms, buf, lines, seed, kIters, cycles, sink);
       DSMLA_CUDA_CHECK(cudaGetLastError());
       DSMLA_CUDA_CHECK(cudaMemcpy(host, cycles, sizeof(host), cudaMemcpyDeviceToHost));
     }
