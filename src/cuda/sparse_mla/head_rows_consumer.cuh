@@ -23,7 +23,7 @@ __device__ __forceinline__ void quad_swap(T& lo, T& hi, int mask, int tq) {
 template <int kWg, bool kPaired>
 struct Consumer {
   static constexpr int kOther = 1 - kWg;
-  static constexpr int kFirst = kWg == 0 ? kLo : kHi;  // half of its buffer S reads first
+  static constexpr int kFirst = first_half(kWg);  // half of its buffer S reads first
   static constexpr int kSecond = 1 - kFirst;
 
   WorkItem item;  // the item being processed

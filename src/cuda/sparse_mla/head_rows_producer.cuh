@@ -80,7 +80,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       }
     };
     auto write_valid = [&]<int b, int half>() {
-      if constexpr (half == (b == 0 ? kLo : kHi)) write_flags.template operator()<b>();
+      if constexpr (half == first_half(b)) write_flags.template operator()<b>();
     };
     // After an item's last round: the next busy item (into pos_ahead /
     // count_ahead) and the slots of its first round (-1 without one).

@@ -90,9 +90,6 @@ struct KeyRowsConsumer {
   // and whether its last buffer of an item waits for the merge (finish_item).
   static constexpr int kLastBuffer = kHeadHalves ? 1 : kWg;
   static constexpr bool kKeepsLastBuffer = !kHeadHalves && kWg == 1;
-  // The half of buffer b that the producer fills first (its order: 0 lo,
-  // 0 hi, 1 hi, 1 lo, head_rows_producer.cuh).
-  static constexpr int first_half(int b) { return b == 0 ? kLo : kHi; }
 
   WorkItem item;
   const Barriers& bars;

@@ -38,13 +38,6 @@ inline constexpr const char* kFenceProbeNames[] = {"none",        "proxy_fence",
 inline constexpr int kFenceProbeModes = 6;
 inline constexpr int kFenceProbeThreads = 128;
 
-// Stores v into shared memory at addr, issued where written: it cannot be
-// dropped (nothing reads it) nor moved, and it waits for v's load.
-__device__ __forceinline__ void probe_store(std::uint32_t addr, const uint4& v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
 // The mode is a template argument: no branch inside the timed window.
 // `seed` differs between launches, so that no launch finds the lines of an
 // earlier one in L2 (one launch reads ~69 MB of sectors, L2 holds 50 MB).
@@ -81,7 +74,9 @@ __global__ void __launch_bounds__(kFenceProbeThreads) fence_probe_kernel(const u
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "l"(src)
                    : "memory");
-      if constexpr (m == FenceProbe::proxy_fence_idle) probe_store(slot, v);  // the data before the window
+      // pipeline::store_shared_16 is an asm volatile store: kept (nothing reads
+      // it) and in place, and it waits for v's load.
+      if constexpr (m == FenceProbe::proxy_fence_idle) pl::store_shared_16(slot, v);  // the data before the window
     }
     const long long t0 = clock64();
     if constexpr (m == FenceProbe::proxy_fence || m == FenceProbe::proxy_fence_idle ||
@@ -96,7 +91,7 @@ __global__ void __launch_bounds__(kFenceProbeThreads) fence_probe_kernel(const u
       pl::wait_copies<0>();
       v = stage[tid];
     } else if constexpr (m != FenceProbe::proxy_fence_idle) {
-      probe_store(slot, v);  // the first use of the data
+      pl::store_shared_16(slot, v);  // the first use of the data
     }
     const long long t2 = clock64();
     fold ^= v.x ^ v.y ^ v.z ^ v.w;
