@@ -4,7 +4,8 @@
 # AddressSanitizer + UBSan, then the libFuzzer targets briefly (scripts/fuzz.sh).
 # After the release tests: the Python package (pip install . into a venv under
 # build/, CPU-only: the CUDA code is compiled once, by the release build) and
-# its CPU pytest set (tests/python/cpu), which compares against build/dsmla.
+# its CPU pytest set (tests/python/cpu), which compares against build/dsmla,
+# and the tests of the benchmark scripts that need no GPU (tests/bench).
 # Tests labelled `gpu` also run (and report a skip) when no GPU is visible;
 # pass --cpu-only to leave them out.
 set -euo pipefail
@@ -38,7 +39,7 @@ if [ $python = 1 ]; then
   # The wheel's own build tree (build-python/) rebuilds incrementally.
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/venv/bin/python -m pip install -q --no-build-isolation --no-deps \
     --disable-pip-version-check --config-settings=cmake.define.DSMLA_ENABLE_CUDA=OFF .
-  DSMLA_CLI=$root/build/dsmla build/venv/bin/python -m pytest -q tests/python/cpu
+  DSMLA_CLI=$root/build/dsmla build/venv/bin/python -m pytest -q tests/python/cpu tests/bench
 fi
 
 if [ $sanitize = 1 ]; then
