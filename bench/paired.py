@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """dsmla's kernels and the anchors timed in one process, sample by sample, on the same tensors.
 
-  python3 bench/paired.py [--shim build-gpu/libdsmla_kernel_shim.so[=LABEL]]... [--anchors .anchors/anchors_bench.py]
+  python3 bench/paired.py [--shim build-gpu/libdsmla_kernel_shim.so[=LABEL[,NAME=VALUE...]]]...
+                          [--anchors .anchors/anchors_bench.py]
                           [--only prefill,decode,dense] [--quick] [--rounds 30] [--warmup 5] [--json F] [--md F]
 
 Why: the SM clock of the GPU machine moves between levels up to ~20 % apart within one device call
@@ -11,7 +12,8 @@ times each contender once (dsmla through the C ABI of tools/bench/kernels/kernel
 Python packages), in an order that alternates between rounds, and each round gives its own ratio; the table reports
 the median of those ratios with their 10th-90th percentile spread. Several --shim libraries (built from different
 trees) make a clock-robust A/B of dsmla variants as well: every variant after the first also gets its ratio to the
-first, round by round.
+first, round by round; NAME=VALUE settings after a label (DSMLA_* switches such as DSMLA_SPARSE_KEY_ROWS=2) are in
+force around that shim's calls, so one build can also be compared with itself under another switch.
 
 Workloads are anchors_bench.py's own: its prefill / decode / dense functions are called with their timer replaced,
 and the call they would have timed, with its tensors, is what both sides get (nothing is rebuilt here). dsmla's
@@ -23,7 +25,7 @@ anchors' q, k_nope and v with a standard normal latent; the output check runs Fl
 k_pe in every head. Each workload first compares dsmla's output with the anchor's (relative L2 error), then times.
 A sample is one call between two CUDA events with a synchronisation after it, as anchors_bench.py times.
 """
-import argparse, ctypes, inspect, json, os, statistics, subprocess, sys, time
+import argparse, contextlib, ctypes, inspect, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 TOKENS, TOPK = 16384, 2048  # checked against anchors_bench.py's at load
 SMALL_HEADS = (16, 32)
@@ -70,12 +72,52 @@ def summarize(samples, pairs):
 
 # ---------------------------------------------------------------- the shim (dsmla's launchers through ctypes)
 
-class Shim:
-    """build/libdsmla_kernel_shim.so of one tree: launch_sparse_mla and launch_dense_mha on raw device pointers."""
+@contextlib.contextmanager
+def environment(settings):
+    """os.environ with `settings` (NAME: VALUE) for the duration, restored after."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
-    def __init__(self, path, label):
-        self.path, self.label = path, label
-        self.lib = ctypes.CDLL(os.path.abspath(path))  # RTLD_LOCAL: two trees' shims do not see each other
+
+def parse_shim(text, index):
+    """PATH[=LABEL[,NAME=VALUE...]] -> (path, label, {NAME: VALUE}): the environment settings (DSMLA_*
+    switches) are in force around every call of that shim, its first included."""
+    path, _, rest = text.partition("=")
+    label, *settings = rest.split(",") if rest else [""]
+    env = {}
+    for item in settings:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise ValueError(f"--shim {text}: '{item}' is not NAME=VALUE")
+        env[name] = value
+    return path, label or ("dsmla" if index == 0 else f"dsmla{index}"), env
+
+
+class Shim:
+    """build/libdsmla_kernel_shim.so of one tree: launch_sparse_mla and launch_dense_mha on raw device pointers.
+    `env`: environment settings in force around each of its calls. The library reads some DSMLA_* switches once
+    per process (at its first launch), so a path already loaded by another Shim is loaded from a copy: each
+    Shim has its own library state."""
+
+    loaded = set()
+
+    def __init__(self, path, label, env=None):
+        self.path, self.label, self.env = path, label, dict(env or {})
+        real = os.path.realpath(path)
+        if real in Shim.loaded:
+            copy = tempfile.NamedTemporaryFile(suffix=".so", delete=False)
+            shutil.copyfile(real, copy.name)
+            real = copy.name
+        Shim.loaded.add(real)
+        self.lib = ctypes.CDLL(real)  # RTLD_LOCAL: two trees' shims do not see each other
         c = ctypes
         self.lib.dsmla_shim_sparse_mla_workspace_bytes.argtypes = [c.c_int, c.c_int, c.c_int, c.POINTER(c.c_uint64)]
         self.lib.dsmla_shim_sparse_mla.argtypes = [c.c_void_p, c.c_void_p, c.c_int64, c.c_int, c.c_float, c.c_void_p,
@@ -114,7 +156,7 @@ class Shim:
 
         def run():
             self._check(self.lib.dsmla_shim_sparse_mla(*args, torch.cuda.current_stream().cuda_stream))
-        run.keep = (ws, lse)  # alive as long as the callable
+        run.keep, run.env = (ws, lse), self.env  # the buffers live as long as the callable
         return run, o
 
     def dense(self, torch, q, kv_up, latent, q_lens, scale):
@@ -131,7 +173,7 @@ class Shim:
 
         def run():
             self._check(self.lib.dsmla_shim_dense_mha(handle, torch.cuda.current_stream().cuda_stream))
-        run.keep = (lse, handle)
+        run.keep, run.env = (lse, handle), self.env
         run.close = lambda: self.lib.dsmla_shim_dense_mha_destroy(handle)
         return run, out
 
@@ -181,7 +223,8 @@ def prefill_workload(torch, ab, shims, S, H):
             name = shim.label + ("" if h == H else f" H{h}")
             qh = q if h == H else q[:, :h].contiguous()
             run, out = shim.sparse(torch, qh, kv, 0, idx, length, TOPK, scale)
-            run()
+            with environment(shim.env):
+                run()
             checks[name] = relative_error(torch, out, reference[:, :h])
             contenders[name] = run
             pairs.append((name, "prefill" if h == H else "prefill_small", "FlashMLA"))
@@ -201,7 +244,8 @@ def decode_workload(torch, ab, shims, B, H):
             name = shim.label + ("" if h == H else f" H{h}")
             qh = q.reshape(B, H, 576)[:, :h].contiguous()
             run, out = shim.sparse(torch, qh, cache, 1, slots.contiguous(), valid, TOPK, scale)
-            run()
+            with environment(shim.env):
+                run()
             checks[name] = relative_error(torch, out, reference[:, :h])
             contenders[name] = run
             pairs.append((name, "decode" if h == H else "decode_small", "FlashMLA"))
@@ -223,7 +267,8 @@ def dense_workload(torch, ab, shims, S, H):
     contenders, pairs, checks = {"FA3": fa3, "cuDNN": cudnn}, [], {}
     for shim in shims:
         run, out = shim.dense(torch, q, kv_up, latent, [S] * (q.shape[0] // S), 192 ** -0.5)
-        run()
+        with environment(shim.env):
+            run()
         checks[shim.label] = relative_error(torch, out, reference.reshape(q.shape[0], H * 128))
         contenders[shim.label] = run
         pairs.append((shim.label, "dense", ("FA3", "cuDNN")))
@@ -235,19 +280,22 @@ def dense_workload(torch, ab, shims, S, H):
 def time_rounds(torch, contenders, rounds, warmup, clock):
     """{name: [ms per round]}, every contender once per round (round_orders), plus the SM clock per round."""
     for fn in contenders.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
+        with environment(getattr(fn, "env", {})):
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize()
     samples = {name: [] for name in contenders}
     clocks = []
     for order in round_orders(list(contenders), rounds):
         clocks.append(clock())
         for name in order:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            contenders[name]()
-            e.record()
-            torch.cuda.synchronize()
+            fn = contenders[name]
+            with environment(getattr(fn, "env", {})):  # set before the first event, restored after the last
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                torch.cuda.synchronize()
             samples[name].append(s.elapsed_time(e))
     return samples, clocks
 
@@ -300,7 +348,8 @@ def measure(torch, ab, shims, kind, build, shape, rounds, warmup, clock):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shim", action="append", default=[], help="PATH[=LABEL] of a libdsmla_kernel_shim.so")
+    ap.add_argument("--shim", action="append", default=[],
+                    help="PATH[=LABEL[,NAME=VALUE...]] of a libdsmla_kernel_shim.so, with environment settings")
     ap.add_argument("--anchors", default=".anchors/anchors_bench.py")
     ap.add_argument("--only", default="prefill,decode,dense")
     ap.add_argument("--quick", action="store_true", help="S 1024 and batch 64 only")
@@ -317,9 +366,8 @@ def main():
     if (ab.TOKENS, ab.TOPK) != (TOKENS, TOPK):
         sys.exit(f"anchors_bench.py has TOKENS, TOPK = {ab.TOKENS}, {ab.TOPK}; this script expects {TOKENS}, {TOPK}")
     shims = []
-    for spec_text in a.shim or ["build-gpu/libdsmla_kernel_shim.so=dsmla"]:
-        path, _, label = spec_text.partition("=")
-        shims.append(Shim(path, label or f"dsmla{len(shims) or ''}"))
+    for i, text in enumerate(a.shim or ["build-gpu/libdsmla_kernel_shim.so"]):
+        shims.append(Shim(*parse_shim(text, i)))
     if len({s.label for s in shims}) != len(shims):
         sys.exit("--shim labels must differ: " + ", ".join(s.label for s in shims))
     kinds = set(a.only.split(","))
@@ -333,7 +381,7 @@ def main():
         rows.append(measure(torch, ab, shims, kind, build, shape, a.rounds, a.warmup, clock))
         torch.cuda.empty_cache()  # the workload's tensors died with measure()'s frame
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC",
-               time.gmtime()), shims={s.label: s.path for s in shims}, rounds=a.rounds, warmup=a.warmup,
+               time.gmtime()), shims={s.label: dict(path=s.path, env=s.env) for s in shims}, rounds=a.rounds, warmup=a.warmup,
                tree=tree_commit())
     if a.json:
         with open(a.json, "w") as f:

@@ -7,7 +7,9 @@
 # anchors), then writes four files into $OUT: env.txt, paired.md, paired.json
 # (every sample and the SM clock of every round when pynvml is there) and
 # clocks.csv (nvidia-smi every 50 ms with "# phase" lines; read only, nothing set).
-# Usage: scripts/gpu-paired.sh [--tree DIR=LABEL]... [bench/paired.py options: --only K,K --quick --rounds N]
+# Usage: scripts/gpu-paired.sh [--tree DIR=LABEL[,NAME=VALUE...]]... [bench/paired.py options: --only K,K --quick
+#        --rounds N, and --shim build-gpu/libdsmla_kernel_shim.so=LABEL,NAME=VALUE for this tree under a switch]
+#   e.g. scripts/gpu-paired.sh --only prefill,decode --shim build-gpu/libdsmla_kernel_shim.so=halves,DSMLA_SPARSE_KEY_ROWS=2
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 out=${OUT:-$root/out}; mkdir -p "$out"
@@ -24,7 +26,7 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
   nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; } >"$out/env.txt" 2>&1
 shims=()
 for spec in "${trees[@]}"; do
-  dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}
+  dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}  # the label may carry ",NAME=VALUE" settings
   echo "== shim of $dir ($label)" >>"$out/env.txt"
   { cmake -S "$dir" -B "$dir/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null &&

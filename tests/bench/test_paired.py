@@ -102,6 +102,8 @@ def shim_path():
 def test_the_shim_names_bad_arguments():
     shim = paired.Shim(str(shim_path()), "dsmla")
     lib = shim.lib
+    # The same library under another label (another switch) gets its own copy and state.
+    assert paired.Shim(str(shim_path()), "again").lib._handle != lib._handle
     assert lib.dsmla_shim_sparse_mla(None, None, 0, 7, 1.0, None, None, 1, 128, 2048, 0.1, None, None, None,
                                      None) == b"sparse_mla: format 7 is not 0, 1 or 2"
     message = lib.dsmla_shim_sparse_mla(None, None, 0, 0, 1.0, None, None, 1, 128, 2048, 0.1, None, None, None, None)
@@ -199,3 +201,30 @@ def test_a_workload_row_from_build_to_ratios(monkeypatch):
     row = paired.measure(torch, None, shims, "prefill", broken, dict(S=1024, H=128), 4, 1, lambda: None)
     assert row == dict(workload="prefill S1024 H128", kind="prefill", S=1024, H=128,
                        error="RuntimeError('no such anchor')")
+
+
+def test_shim_specs_carry_a_label_and_environment_settings():
+    assert paired.parse_shim("b/lib.so", 0) == ("b/lib.so", "dsmla", {})
+    assert paired.parse_shim("b/lib.so", 2) == ("b/lib.so", "dsmla2", {})
+    assert paired.parse_shim("b/lib.so=halves,DSMLA_SPARSE_KEY_ROWS=2,X=", 1) == \
+        ("b/lib.so", "halves", {"DSMLA_SPARSE_KEY_ROWS": "2", "X": ""})
+    with pytest.raises(ValueError, match="'oops' is not NAME=VALUE"):
+        paired.parse_shim("b/lib.so=a,oops", 0)
+
+
+def test_a_contenders_environment_is_in_force_around_its_calls_only(monkeypatch):
+    monkeypatch.delenv("DSMLA_PAIRED_TEST", raising=False)
+    monkeypatch.setenv("DSMLA_PAIRED_KEPT", "before")
+    clock, seen = [0.0], []
+
+    def contender(name, env):
+        def run():
+            seen.append((name, os.environ.get("DSMLA_PAIRED_TEST"), os.environ.get("DSMLA_PAIRED_KEPT")))
+            clock[0] += 1.0
+        run.env = env
+        return run
+    contenders = {"plain": contender("plain", {}),
+                  "switched": contender("switched", {"DSMLA_PAIRED_TEST": "2", "DSMLA_PAIRED_KEPT": "inside"})}
+    paired.time_rounds(fake_torch(clock), contenders, rounds=2, warmup=1, clock=lambda: None)
+    assert set(seen) == {("plain", None, "before"), ("switched", "2", "inside")}
+    assert "DSMLA_PAIRED_TEST" not in os.environ and os.environ["DSMLA_PAIRED_KEPT"] == "before"
