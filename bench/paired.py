@@ -142,7 +142,8 @@ class Shim:
         """A callable launching dsmla's sparse kernel on these tensors, and its output o_lat."""
         tokens, heads = q.shape[0], q.shape[1]
         size = ctypes.c_uint64()
-        self._check(self.lib.dsmla_shim_sparse_mla_workspace_bytes(tokens, heads, topk, ctypes.byref(size)))
+        with environment(self.env):  # the split choice (DSMLA_SPARSE_SPLIT) sizes the workspace
+            self._check(self.lib.dsmla_shim_sparse_mla_workspace_bytes(tokens, heads, topk, ctypes.byref(size)))
         ws = torch.empty(max(int(size.value), 1), dtype=torch.uint8, device=q.device)
         o = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=q.device)
         lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device)
@@ -167,9 +168,10 @@ class Shim:
         ql = (ctypes.c_int32 * len(q_lens))(*q_lens)
         ctx = (ctypes.c_int32 * len(q_lens))()
         handle = ctypes.c_void_p()
-        self._check(self.lib.dsmla_shim_dense_mha_create(ql, ctx, len(q_lens), heads, scale, q.data_ptr(),
-                                                         kv_up.data_ptr(), latent.data_ptr(), out.data_ptr(),
-                                                         lse.data_ptr(), ctypes.byref(handle)))
+        with environment(self.env):
+            self._check(self.lib.dsmla_shim_dense_mha_create(ql, ctx, len(q_lens), heads, scale, q.data_ptr(),
+                                                             kv_up.data_ptr(), latent.data_ptr(), out.data_ptr(),
+                                                             lse.data_ptr(), ctypes.byref(handle)))
 
         def run():
             self._check(self.lib.dsmla_shim_dense_mha(handle, torch.cuda.current_stream().cuda_stream))
