@@ -213,45 +213,38 @@ def relative_error(torch, ours, theirs):
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
-def prefill_workload(torch, ab, shims, S, H):
-    call = captured_call(ab, "flashmla_prefill", S, H)
-    q, kv, idx, length = tensors_of(call, "q", "kv", "idx", "length")
-    scale = 576 ** -0.5
-    contenders, pairs, checks = {"FlashMLA": call}, [], {}
-    reference = first_output(call())
-    head_counts = (H,) + (SMALL_HEADS if H == 64 else ())
+def sparse_rows(torch, shims, anchor, reference, q, head_counts, kind, kv, fmt, slots, valid):
+    """dsmla's sparse kernel of every shim on the first h heads of q [tokens, H, 576] for each h of head_counts,
+    against FlashMLA's call `anchor` at all H heads: contenders, (name, bar, anchor) pairs, and each output's error
+    against reference[:, :h]. Rows with fewer heads than H get the small-head bar (kind + "_small")."""
+    heads = q.shape[1]
+    contenders, pairs, checks = {"FlashMLA": anchor}, [], {}
     for shim in shims:
         for h in head_counts:
-            name = shim.label + ("" if h == H else f" H{h}")
-            qh = q if h == H else q[:, :h].contiguous()
-            run, out = shim.sparse(torch, qh, kv, 0, idx, length, TOPK, scale)
+            name = shim.label + ("" if h == heads else f" H{h}")
+            run, out = shim.sparse(torch, q[:, :h].contiguous(), kv, fmt, slots, valid, TOPK, 576 ** -0.5)
             with environment(shim.env):
                 run()
             checks[name] = relative_error(torch, out, reference[:, :h])
             contenders[name] = run
-            pairs.append((name, "prefill" if h == H else "prefill_small", "FlashMLA"))
+            pairs.append((name, kind if h == heads else kind + "_small", "FlashMLA"))
     return contenders, pairs, checks
+
+
+def prefill_workload(torch, ab, shims, S, H):
+    call = captured_call(ab, "flashmla_prefill", S, H)
+    q, kv, idx, length = tensors_of(call, "q", "kv", "idx", "length")
+    return sparse_rows(torch, shims, call, first_output(call()), q, (H,) + (SMALL_HEADS if H == 64 else ()),
+                       "prefill", kv, 0, idx, length)
 
 
 def decode_workload(torch, ab, shims, B, H):
     call = captured_call(ab, "flashmla_decode", B, H)
     q, cache, slots = tensors_of(call, "q", "cache", "slots")
-    scale = 576 ** -0.5
     valid = torch.full((B,), TOPK, dtype=torch.int32, device=q.device)
-    contenders, pairs, checks = {"FlashMLA": call}, [], {}
-    reference = first_output(call()).reshape(B, H, 512)
-    head_counts = (H,) + (SMALL_HEADS if H == 64 and B >= 16 else ())
-    for shim in shims:
-        for h in head_counts:
-            name = shim.label + ("" if h == H else f" H{h}")
-            qh = q.reshape(B, H, 576)[:, :h].contiguous()
-            run, out = shim.sparse(torch, qh, cache, 1, slots.contiguous(), valid, TOPK, scale)
-            with environment(shim.env):
-                run()
-            checks[name] = relative_error(torch, out, reference[:, :h])
-            contenders[name] = run
-            pairs.append((name, "decode" if h == H else "decode_small", "FlashMLA"))
-    return contenders, pairs, checks
+    return sparse_rows(torch, shims, call, first_output(call()).reshape(B, H, 512), q.reshape(B, H, 576),
+                       (H,) + (SMALL_HEADS if H == 64 and B >= 16 else ()), "decode", cache, 1, slots.contiguous(),
+                       valid)
 
 
 def dense_workload(torch, ab, shims, S, H):

@@ -73,21 +73,20 @@ DSMLA_SHIM_API const char* dsmla_shim_sparse_mla(const void* q, const void* kv_c
                                                  void* workspace, void* stream) {
   return guarded("sparse_mla", [&] {
     if (format < 0 || format > 2) throw dsmla::Error("format " + std::to_string(format) + " is not 0, 1 or 2");
-    dsmla::cuda::SparseMlaParams p;
-    p.q = static_cast<const __nv_bfloat16*>(q);
-    p.kv_cache = static_cast<const std::uint8_t*>(kv_cache);
-    p.num_slots = num_slots;
-    p.format = static_cast<dsmla::CacheFormat>(format);
-    p.k_scale = k_scale;
-    p.slots = slots;
-    p.valid_counts = valid_counts;
-    p.num_tokens = num_tokens;
-    p.num_heads = num_heads;
-    p.topk = topk;
-    p.softmax_scale = softmax_scale;
-    p.o_lat = static_cast<__nv_bfloat16*>(o_lat);
-    p.lse = lse;
-    p.workspace = workspace;
+    const dsmla::cuda::SparseMlaParams p{.q = static_cast<const __nv_bfloat16*>(q),
+                                         .kv_cache = static_cast<const std::uint8_t*>(kv_cache),
+                                         .num_slots = num_slots,
+                                         .format = static_cast<dsmla::CacheFormat>(format),
+                                         .k_scale = k_scale,
+                                         .slots = slots,
+                                         .valid_counts = valid_counts,
+                                         .num_tokens = num_tokens,
+                                         .num_heads = num_heads,
+                                         .topk = topk,
+                                         .softmax_scale = softmax_scale,
+                                         .o_lat = static_cast<__nv_bfloat16*>(o_lat),
+                                         .lse = lse,
+                                         .workspace = workspace};
     dsmla::cuda::launch_sparse_mla(p, static_cast<cudaStream_t>(stream));
   });
 }
@@ -118,20 +117,19 @@ DSMLA_SHIM_API const char* dsmla_shim_dense_mha_create(const std::int32_t* q_len
     batch->requests.upload(dsmla::cuda::make_dense_mha_requests(requests));  // checks the lengths
     const auto work = dsmla::cuda::make_dense_mha_schedule(requests);
     batch->work.upload(work);
-    auto& p = batch->params;
-    p.q = static_cast<const __nv_bfloat16*>(q);
-    p.kv_up = static_cast<const __nv_bfloat16*>(kv_up);
-    p.latent = static_cast<const __nv_bfloat16*>(latent);
-    p.requests = batch->requests.data();
-    p.work = batch->work.data();
-    p.num_work_items = static_cast<int>(work.size());
-    p.num_heads = num_heads;
-    p.softmax_scale = softmax_scale;
-    p.out = static_cast<__nv_bfloat16*>(out);
-    p.lse = lse;
-    p.num_q_rows = q_rows;
-    p.num_kv_rows = kv_rows;
-    p.unit_counter = batch->unit_counter.data();
+    batch->params = {.q = static_cast<const __nv_bfloat16*>(q),
+                     .kv_up = static_cast<const __nv_bfloat16*>(kv_up),
+                     .latent = static_cast<const __nv_bfloat16*>(latent),
+                     .requests = batch->requests.data(),
+                     .work = batch->work.data(),
+                     .num_work_items = static_cast<int>(work.size()),
+                     .num_heads = num_heads,
+                     .softmax_scale = softmax_scale,
+                     .out = static_cast<__nv_bfloat16*>(out),
+                     .lse = lse,
+                     .num_q_rows = q_rows,
+                     .num_kv_rows = kv_rows,
+                     .unit_counter = batch->unit_counter.data()};
     *handle = batch.release();
   });
 }
