@@ -113,11 +113,12 @@ class Shim:
         self.path, self.label, self.env = path, label, dict(env or {})
         real = os.path.realpath(path)
         if real in Shim.loaded:
-            copy = tempfile.NamedTemporaryFile(suffix=".so", delete=False)
-            shutil.copyfile(real, copy.name)
-            real = copy.name
-        Shim.loaded.add(real)
-        self.lib = ctypes.CDLL(real)  # RTLD_LOCAL: two trees' shims do not see each other
+            with tempfile.NamedTemporaryFile(suffix=".so") as copy:  # removed once loaded: the mapping stays
+                shutil.copyfile(real, copy.name)
+                self.lib = ctypes.CDLL(copy.name)
+        else:
+            Shim.loaded.add(real)
+            self.lib = ctypes.CDLL(real)  # RTLD_LOCAL: two trees' shims do not see each other
         c = ctypes
         self.lib.dsmla_shim_sparse_mla_workspace_bytes.argtypes = [c.c_int, c.c_int, c.c_int, c.POINTER(c.c_uint64)]
         self.lib.dsmla_shim_sparse_mla.argtypes = [c.c_void_p, c.c_void_p, c.c_int64, c.c_int, c.c_float, c.c_void_p,
