@@ -23,7 +23,10 @@ sparse kernel reads the anchors' tensors as they are (FlashMLA's bf16 latent [T,
 (the padded alternative; issues 7 and 8). dsmla's dense kernel shares k_pe between heads (MLA), so it gets the
 anchors' q, k_nope and v with a standard normal latent; the output check runs FlashAttention-3 once more with that
 k_pe in every head. Each workload first compares dsmla's output with the anchor's (relative L2 error), then times.
-A sample is one call between two CUDA events with a synchronisation after it, as anchors_bench.py times.
+A sample is one call between two CUDA events with a synchronisation after it, as anchors_bench.py times, except
+that a ~200 us spin kernel is queued before the start event: the GPU is still busy while the host enqueues the call,
+so the events time its GPU work, not its host launch path (FlashMLA's Python wrapper, dsmla's ctypes call), which
+would otherwise weigh on the microsecond decode rows; --host-inclusive times from an idle GPU as anchors_bench.py.
 """
 import argparse, contextlib, ctypes, inspect, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -31,6 +34,7 @@ TOKENS, TOPK = 16384, 2048  # checked against anchors_bench.py's at load
 SMALL_HEADS = (16, 32)
 # Issue bars: the largest dsmla / anchor ratio each kind of row may show.
 BARS = {"prefill": 1.0, "prefill_small": 0.75, "decode": 1.0, "decode_small": 0.4, "dense": 0.95}
+ANCHORS = ("FlashMLA", "FA3", "cuDNN")  # contender names of the anchors
 CHECK_TOLERANCE = 2e-2  # relative L2 error of dsmla's output against the anchor's (bf16 outputs)
 
 
@@ -92,6 +96,10 @@ def parse_shim(text, index):
     switches) are in force around every call of that shim, its first included."""
     path, _, rest = text.partition("=")
     label, *settings = rest.split(",") if rest else [""]
+    if "=" in label:
+        raise ValueError(f"--shim {text}: settings come after a label (PATH=LABEL,NAME=VALUE)")
+    if label in ANCHORS:
+        raise ValueError(f"--shim {text}: '{label}' names an anchor")
     env = {}
     for item in settings:
         name, eq, value = item.partition("=")
@@ -111,9 +119,11 @@ class Shim:
 
     def __init__(self, path, label, env=None):
         self.path, self.label, self.env = path, label, dict(env or {})
+        self.open_batches = []  # dense batch handles, freed by close_batches()
         real = os.path.realpath(path)
         if real in Shim.loaded:
-            with tempfile.NamedTemporaryFile(suffix=".so") as copy:  # removed once loaded: the mapping stays
+            # Next to the original (a /tmp mounted noexec could not be loaded from); removed once loaded.
+            with tempfile.NamedTemporaryFile(suffix=".so", dir=os.path.dirname(real)) as copy:
                 shutil.copyfile(real, copy.name)
                 self.lib = ctypes.CDLL(copy.name)
         else:
@@ -158,7 +168,9 @@ class Shim:
 
         def run():
             self._check(self.lib.dsmla_shim_sparse_mla(*args, torch.cuda.current_stream().cuda_stream))
-        run.keep, run.env = (ws, lse), self.env  # the buffers live as long as the callable
+        # Every tensor the kernel reads or writes lives as long as the callable: a freed one could be handed to an
+        # anchor's output while the rounds run, and the kernel would then read that (a valid count of 0 skips work).
+        run.keep, run.env = (q, kv_cache, slots, valid, ws, o, lse), self.env
         return run, o
 
     def dense(self, torch, q, kv_up, latent, q_lens, scale):
@@ -176,9 +188,15 @@ class Shim:
 
         def run():
             self._check(self.lib.dsmla_shim_dense_mha(handle, torch.cuda.current_stream().cuda_stream))
-        run.keep, run.env = (lse, handle), self.env
-        run.close = lambda: self.lib.dsmla_shim_dense_mha_destroy(handle)
+        run.keep, run.env = (q, kv_up, latent, out, lse, handle), self.env  # alive with the callable (as sparse())
+        self.open_batches.append(handle)
         return run, out
+
+    def close_batches(self):
+        """Frees the dense batches made since the last call (after a workload, timed or failed)."""
+        for handle in self.open_batches:
+            self.lib.dsmla_shim_dense_mha_destroy(handle)
+        self.open_batches = []
 
 
 # ---------------------------------------------------------------- the anchors' workloads
@@ -273,8 +291,10 @@ def dense_workload(torch, ab, shims, S, H):
 
 # ---------------------------------------------------------------- timing
 
-def time_rounds(torch, contenders, rounds, warmup, clock):
-    """{name: [ms per round]}, every contender once per round (round_orders), plus the SM clock per round."""
+def time_rounds(torch, contenders, rounds, warmup, clock, cover=None):
+    """{name: [ms per round]}, every contender once per round (round_orders), plus the SM clock per round.
+    cover(), when given, queues GPU work before each sample's start event, so that the GPU is still busy while the
+    host enqueues the call: the events then time the call's GPU work alone, not its host launch path."""
     for fn in contenders.values():
         with environment(getattr(fn, "env", {})):
             for _ in range(warmup):
@@ -288,6 +308,8 @@ def time_rounds(torch, contenders, rounds, warmup, clock):
             fn = contenders[name]
             with environment(getattr(fn, "env", {})):  # set before the first event, restored after the last
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if cover is not None:
+                    cover()
                 s.record()
                 fn()
                 e.record()
@@ -319,7 +341,7 @@ def variant_pairs(pairs, shims):
     return out
 
 
-def measure(torch, ab, shims, kind, build, shape, rounds, warmup, clock):
+def measure(torch, ab, shims, kind, build, shape, rounds, warmup, clock, cover=None):
     """One workload: build it, check dsmla's outputs, time every contender round by round; its table row."""
     label = f"{kind} " + " ".join(f"{k}{v}" for k, v in shape.items())
     contenders = {}
@@ -327,7 +349,7 @@ def measure(torch, ab, shims, kind, build, shape, rounds, warmup, clock):
         from torch.nn.attention import sdpa_kernel, SDPBackend
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):  # the cuDNN anchor's setting, as anchors_bench.py sets it
             contenders, pairs, checks = build(torch, ab, shims, **shape)
-            samples, clocks = time_rounds(torch, contenders, rounds, warmup, clock)
+            samples, clocks = time_rounds(torch, contenders, rounds, warmup, clock, cover)
         ratio_pairs = [(name, name, [d] if isinstance(d, str) else list(d)) for name, _, d in pairs]
         medians, ratios = summarize(samples, ratio_pairs + variant_pairs(pairs, shims))
         print(f"{label}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in medians.items()) + " | " +
@@ -338,8 +360,8 @@ def measure(torch, ab, shims, kind, build, shape, rounds, warmup, clock):
         print(f"{label}: FAILED {e!r}", flush=True)
         return dict(workload=label, kind=kind, **shape, error=repr(e)[:400])
     finally:
-        for run in contenders.values():
-            getattr(run, "close", lambda: None)()
+        for shim in shims:
+            shim.close_batches()
 
 
 def main():
@@ -351,6 +373,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="S 1024 and batch 64 only")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--host-inclusive", action="store_true",
+                    help="time each call from an idle GPU, host launch path included, as anchors_bench.py does")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
@@ -372,12 +396,16 @@ def main():
             [("decode", decode_workload, dict(B=B, H=H)) for B in Bs for H in (128, 64) if "decode" in kinds] +
             [("dense", dense_workload, dict(S=S, H=H)) for S in Ss for H in (128, 16) if "dense" in kinds])
     clock = sm_clock_reader()
+    # ~200 us of spinning (400k cycles at the H200's ~1.98 GHz) ahead of each start event: longer than any
+    # contender's host launch path (FlashMLA's Python wrapper: tens of us), which it hides.
+    cover = None if a.host_inclusive else (lambda: torch.cuda._sleep(400_000))
     rows = []
     for kind, build, shape in plan:
-        rows.append(measure(torch, ab, shims, kind, build, shape, a.rounds, a.warmup, clock))
+        rows.append(measure(torch, ab, shims, kind, build, shape, a.rounds, a.warmup, clock, cover))
         torch.cuda.empty_cache()  # the workload's tensors died with measure()'s frame
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC",
                time.gmtime()), shims={s.label: dict(path=s.path, env=s.env) for s in shims}, rounds=a.rounds, warmup=a.warmup,
+               timing="host-inclusive" if a.host_inclusive else "GPU time (launch path hidden)",
                tree=tree_commit())
     if a.json:
         with open(a.json, "w") as f:
@@ -401,7 +429,8 @@ def tree_commit():
 
 def markdown(env, rows):
     lines = [f"Paired timing (bench/paired.py): {env['gpu']}, torch {env['torch']}, {env['date']}, tree "
-             f"{env['tree']}; {env['rounds']} rounds after {env['warmup']} warm-ups, each contender once per round. "
+             f"{env['tree']}; {env['rounds']} rounds after {env['warmup']} warm-ups, each contender once per round; "
+             f"{env.get('timing', 'host-inclusive')}. "
              "Ratio = median over rounds of (dsmla / anchor in that round), with its 10th-90th percentiles; dense "
              "rows against the faster of FA3 and cuDNN in each round.\n",
              "| workload | contender | median | anchor median | ratio (p10-p90) | ratio of medians | bar | check |",

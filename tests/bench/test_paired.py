@@ -142,9 +142,11 @@ def test_every_contender_is_timed_once_a_round_in_alternating_order():
             clock[0] += ms
         return run
     contenders = {"anchor": contender("anchor", 2.0), "ours": contender("ours", 1.5)}
-    samples, clocks = paired.time_rounds(fake_torch(clock), contenders, rounds=3, warmup=2, clock=lambda: 1980)
-    assert calls[:4] == ["anchor", "anchor", "ours", "ours"]  # warm-ups
-    assert calls[4:] == ["anchor", "ours", "ours", "anchor", "anchor", "ours"]
+    samples, clocks = paired.time_rounds(fake_torch(clock), contenders, rounds=3, warmup=2, clock=lambda: 1980,
+                                         cover=lambda: calls.append("cover"))
+    assert calls[:4] == ["anchor", "anchor", "ours", "ours"]  # warm-ups, no cover
+    assert calls[4:] == ["cover", "anchor", "cover", "ours", "cover", "ours", "cover", "anchor", "cover", "anchor",
+                         "cover", "ours"]
     assert samples == {"anchor": [2.0] * 3, "ours": [1.5] * 3}
     assert clocks == [1980] * 3
 
@@ -177,13 +179,13 @@ def test_a_workload_row_from_build_to_ratios(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     monkeypatch.setitem(sys.modules, "torch.nn", types.ModuleType("torch.nn"))
     monkeypatch.setitem(sys.modules, "torch.nn.attention", attention)
-    shims = [types.SimpleNamespace(label="main"), types.SimpleNamespace(label="exp")]
     closed = []
+    shims = [types.SimpleNamespace(label=label, close_batches=lambda label=label: closed.append(label))
+             for label in ("main", "exp")]
 
     def contender(ms):
         def run():
             clock[0] += ms
-        run.close = lambda: closed.append(ms)
         return run
 
     def build(torch_, ab, shims_, S, H):
@@ -194,13 +196,14 @@ def test_a_workload_row_from_build_to_ratios(monkeypatch):
                          clock=lambda: None)
     assert row["workload"] == "prefill S1024 H128"
     assert {k: v["median"] for k, v in row["ratios"].items()} == {"main": 1.0, "exp": 0.5, "exp / main": 0.5}
-    assert row["bars"] == {"main": 1.0, "exp": 1.0} and sorted(closed) == [1.0, 2.0, 2.0]
+    assert row["bars"] == {"main": 1.0, "exp": 1.0} and closed == ["main", "exp"]
 
     def broken(torch_, ab, shims_, S, H):
         raise RuntimeError("no such anchor")
     row = paired.measure(torch, None, shims, "prefill", broken, dict(S=1024, H=128), 4, 1, lambda: None)
     assert row == dict(workload="prefill S1024 H128", kind="prefill", S=1024, H=128,
                        error="RuntimeError('no such anchor')")
+    assert closed == ["main", "exp", "main", "exp"]  # a failed workload frees its dense batches too
 
 
 def test_shim_specs_carry_a_label_and_environment_settings():
@@ -210,6 +213,10 @@ def test_shim_specs_carry_a_label_and_environment_settings():
         ("b/lib.so", "halves", {"DSMLA_SPARSE_KEY_ROWS": "2", "X": ""})
     with pytest.raises(ValueError, match="'oops' is not NAME=VALUE"):
         paired.parse_shim("b/lib.so=a,oops", 0)
+    with pytest.raises(ValueError, match="settings come after a label"):
+        paired.parse_shim("b/lib.so=DSMLA_SPARSE_KEY_ROWS=2", 0)
+    with pytest.raises(ValueError, match="names an anchor"):
+        paired.parse_shim("b/lib.so=FlashMLA", 0)
 
 
 def test_a_contenders_environment_is_in_force_around_its_calls_only(monkeypatch):
