@@ -25,20 +25,22 @@ int pairing_setting() {
 // Which consumers run `num_heads`: by the host rule (plan_sparse_key_rows:
 // keys as rows, split between the warpgroups by keys, or heads as rows)
 // unless DSMLA_SPARSE_KEY_ROWS says 0 (heads as rows), 1 (keys as rows at
-// every head count they have, 16 and 32) or 2 (as 1, but 32 heads split by
-// heads: key_rows_consumer.cuh).
-enum class Consumers { head_rows, key_rows, key_rows_head_halves };
+// every head count they have, 16 and 32), 2 (as 1, but 32 heads split by
+// heads: key_rows_consumer.cuh) or 3 (keys as rows at 16 and 32 heads, split
+// by roles: key_rows_roles_consumer.cuh, an experiment).
+enum class Consumers { head_rows, key_rows, key_rows_head_halves, key_rows_roles };
 Consumers consumers_for(int num_heads) {
-  static const int setting = dsmla::detail::env_choice("DSMLA_SPARSE_KEY_ROWS", {"0", "1", "2"});
+  static const int setting = dsmla::detail::env_choice("DSMLA_SPARSE_KEY_ROWS", {"0", "1", "2", "3"});
   if (setting == -1) return plan_sparse_key_rows(num_heads) ? Consumers::key_rows : Consumers::head_rows;
   if (setting == 0 || (num_heads != 16 && num_heads != 32)) return Consumers::head_rows;
+  if (setting == 3) return Consumers::key_rows_roles;
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
 }
 
-template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false>
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false>
 LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
-  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves>;
+  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves, kRoles>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
@@ -101,6 +103,9 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
       if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
       return launch<F, false, 32>(args, items, stream);
     case Consumers::key_rows_head_halves: return launch<F, false, 32, true>(args, items, stream);
+    case Consumers::key_rows_roles:
+      if (args.p.num_heads == 16) return launch<F, false, 16, false, true>(args, items, stream);
+      return launch<F, false, 32, false, true>(args, items, stream);
     case Consumers::head_rows: break;
   }
   if constexpr (F != CacheFormat::bf16) {

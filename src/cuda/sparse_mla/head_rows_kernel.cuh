@@ -9,6 +9,7 @@
 #include "cuda/sparse_mla/head_rows_producer.cuh"
 #include "cuda/sparse_mla/head_rows_roles_consumer.cuh"
 #include "cuda/sparse_mla/key_rows_consumer.cuh"
+#include "cuda/sparse_mla/key_rows_roles_consumer.cuh"
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
@@ -24,12 +25,13 @@ __device__ __forceinline__ void sync_all() {
 // kKeyRowHeads 16 / 32: the keys-as-rows consumers for exactly that many
 // heads (key_rows_consumer.cuh), with the same producer; 0: heads as rows.
 // kHeadHalves: those consumers split the CTA's 32 heads between the
-// warpgroups instead of the keys (key_rows_consumer.cuh, "heads split").
-template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false>
+// warpgroups instead of the keys (key_rows_consumer.cuh, "heads split");
+// kRoles: by roles (key_rows_roles_consumer.cuh, an experiment).
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
-  static_assert(kKeyRows || !kHeadHalves, "heads split is a mode of the keys-as-rows consumers");
+  static_assert(kKeyRows || (!kHeadHalves && !kRoles), "heads split and roles are modes of the keys-as-rows consumers");
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
@@ -42,16 +44,21 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
     pl::init(bars.q_full(), 128);
-    pl::init(bars.q_empty(), kPaired ? 128 : kConsumerThreads);  // paired: only warpgroup 0 reads the query
+    pl::init(bars.q_empty(), kPaired || kRoles ? 128 : kConsumerThreads);  // paired, roles: only warpgroup 0 reads the query
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
         pl::init(bars.full(b, h), KeyGather<F, kPaired>::full_arrivals(h));
         // Paired: the roles' readers, and one more arrival per warp of the peer's.
-        const int readers = kKeyRows ? key_rows_empty_arrivals(kHeadHalves) : kPaired ? roles_empty_arrivals(h) : empty_arrivals(b, h);
+        const int readers = kRoles      ? key_rows_roles_empty_arrivals(h)
+                            : kKeyRows  ? key_rows_empty_arrivals(kHeadHalves)
+                            : kPaired   ? roles_empty_arrivals(h)
+                                        : empty_arrivals(b, h);
         pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
-    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired: p_ready(buffer w); key rows: the merge
+    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired, key-rows roles: p_ready(buffer w); key rows: the merge
+    pl::init(bars.sums_ready(), 128);
+    pl::init(bars.sums_read(), 128);
     pl::fence_init();
   }
   // Paired, the peer arrives on these barriers and writes this tile: both
@@ -67,6 +74,10 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
     produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows>(args, bars, smem, peer);
+  } else if constexpr (kRoles) {
+    pl::grow_registers<kConsumerRegs<kFp8>>();
+    if (wg == 0) KeyRowsRolesConsumer<0, kKeyRowHeads>(bars, smem).run(args);
+    else KeyRowsRolesConsumer<1, kKeyRowHeads>(bars, smem).run(args);
   } else if constexpr (kKeyRows) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
