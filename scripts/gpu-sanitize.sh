@@ -64,6 +64,10 @@ if want sparse; then
   # =2: the heads, =3: roles, at 16 heads too; by default H 32 runs as rows).
   for setting in 1 2 3; do
     [ $setting != 1 ] && DSMLA_SPARSE_KEY_ROWS=$setting run memcheck test_gpu_cuda '*SparseMlaFewTokens*H32_topk128_*:*SparseMlaManyTokens*H32_*'
+    # Roles run 16 heads too.
+    [ $setting = 3 ] && for tool in memcheck racecheck synccheck; do
+      DSMLA_SPARSE_KEY_ROWS=3 run $tool test_gpu_cuda '*SparseMlaFewTokens*H16_topk2560_*:*SparseMlaSchedules*H16_*_balanced_41x1024'
+    done
     for tool in racecheck synccheck; do
       DSMLA_SPARSE_KEY_ROWS=$setting run $tool test_gpu_cuda '*SparseMlaFewTokens*H32_topk2560_*:*SparseMlaSchedules*H32_*_balanced_41x1024'
     done
