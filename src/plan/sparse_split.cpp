@@ -81,7 +81,11 @@ bool plan_sparse_pairing(CacheFormat format, int num_heads) {
   return format != CacheFormat::bf16 && num_heads > 0 && head_blocks % 2 == 0;
 }
 
-bool plan_sparse_key_rows(int num_heads) { return num_heads == 16; }
+SparseConsumers plan_sparse_consumers(CacheFormat format, int num_heads) {
+  if (num_heads != 16 && num_heads != 32) return SparseConsumers::heads_as_rows;
+  if (format != CacheFormat::bf16) return SparseConsumers::key_roles;
+  return num_heads == 16 ? SparseConsumers::keys_split : SparseConsumers::heads_as_rows;
+}
 
 namespace {
 std::size_t partial_rows(const SparseSplit& split, int num_tokens, int num_heads) {

@@ -69,16 +69,28 @@ std::size_t sparse_split_workspace_bytes(const SparseSplit& split, int num_token
 // (read by the launcher, src/cuda/sparse_mla/head_rows.cu).
 bool plan_sparse_pairing(CacheFormat format, int num_heads);
 
-// Whether the kernel puts the keys of a block on the MMA's 64 rows and the
-// heads on its N (src/cuda/sparse_mla/key_rows_consumer.cuh) instead of 64
-// heads as rows, whose items pad 16 and 32 heads (TP-8 / TP-4 shards of
-// DeepSeek-V3.2) to 64 rows, 4x / 2x the products. Measured on the H200
-// (sparse_mla/NOTES.md, "Keys as rows"): at 16 heads 9-22 % faster in
-// prefill and 7-14 % in fp8 decode; at 32 heads faster only at S 4096 (7 %)
-// and up to 39 % slower elsewhere, so 16 heads only.
+// How the sparse kernel's two consumer warpgroups lay out a CTA's products
+// (src/cuda/sparse_mla/). Heads as rows puts 64 heads on the MMA's rows, so
+// 16 and 32 heads (TP-8 / TP-4 shards of DeepSeek-V3.2) are padded to 64
+// rows, 4x / 2x the products; the other two put the 64 keys of a block on the
+// rows and the heads on N.
+enum class SparseConsumers {
+  heads_as_rows,
+  keys_split,  // keys as rows, the warpgroups on alternate key blocks (key_rows_consumer.cuh)
+  key_roles,   // keys as rows, both warpgroups on every block: warpgroup 0 S^T, the softmax and
+               // P V over dims 0-255, warpgroup 1 P V over dims 256-511 (key_rows_roles_consumer.cuh)
+};
+// Which layout runs `num_heads` heads over a `format` cache. Measured on the
+// H200 (sparse_mla/NOTES.md, "Keys as rows", "Small heads, round by round"):
+// bf16 (prefill): 16 heads keys split (9-22 % faster than padded; roles 2-5 %
+// slower), 32 heads padded (keys split up to 39 % slower elsewhere than at
+// S 4096, roles 8-17 % slower); fp8 caches (decode): roles at 16 and 32 heads
+// (0.92-0.95x keys split's time at 16, 0.85-0.90x padded at 32). Every other
+// head count: heads as rows.
 // DSMLA_SPARSE_KEY_ROWS in the environment (read by the launcher,
-// src/cuda/sparse_mla/head_rows.cu): 0 never, 1 also at 32 heads, 2 also at
-// 32 heads with the warpgroups splitting the heads instead of the keys.
-bool plan_sparse_key_rows(int num_heads);
+// src/cuda/sparse_mla/head_rows.cu) overrides it at 16 and 32 heads: 0 heads
+// as rows, 1 keys split, 2 keys split at 16 and heads split at 32
+// (key_rows_consumer.cuh), 3 roles.
+SparseConsumers plan_sparse_consumers(CacheFormat format, int num_heads);
 
 }  // namespace dsmla

@@ -174,10 +174,20 @@ TEST(SparsePairing, Fp8CachesPairAnEvenNumberOfHeadBlocks) {
   EXPECT_FALSE(plan_sparse_pairing(CacheFormat::bf16, 128));
 }
 
-TEST(SparseKeyRows, SixteenHeadsOnly) {
-  EXPECT_TRUE(plan_sparse_key_rows(16));
-  for (int heads : {0, -16, 32, 48, 64, 128})
-    EXPECT_FALSE(plan_sparse_key_rows(heads)) << "heads " << heads;
+TEST(SparseConsumerLayout, KeysAsRowsOnlyForSmallHeadShards) {
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8_ds_mla, CacheFormat::fp8})
+    for (int heads : {0, -16, 8, 48, 64, 128})
+      EXPECT_EQ(plan_sparse_consumers(format, heads), SparseConsumers::heads_as_rows) << "heads " << heads;
+}
+
+TEST(SparseConsumerLayout, Bf16KeepsKeysSplitAt16AndPaddingAt32) {
+  EXPECT_EQ(plan_sparse_consumers(CacheFormat::bf16, 16), SparseConsumers::keys_split);
+  EXPECT_EQ(plan_sparse_consumers(CacheFormat::bf16, 32), SparseConsumers::heads_as_rows);
+}
+
+TEST(SparseConsumerLayout, Fp8CachesRunRolesAt16And32) {
+  for (CacheFormat format : {CacheFormat::fp8_ds_mla, CacheFormat::fp8})
+    for (int heads : {16, 32}) EXPECT_EQ(plan_sparse_consumers(format, heads), SparseConsumers::key_roles);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Launcher of the warp-specialised sparse MLA kernel: heads as rows, or keys
-// as rows for small head counts (plan_sparse_key_rows).
+// as rows for small head counts (plan_sparse_consumers).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -22,16 +22,20 @@ int pairing_setting() {
   return value;
 }
 
-// Which consumers run `num_heads`: by the host rule (plan_sparse_key_rows:
-// keys as rows, split between the warpgroups by keys, or heads as rows)
-// unless DSMLA_SPARSE_KEY_ROWS says 0 (heads as rows), 1 (keys as rows at
-// every head count they have, 16 and 32), 2 (as 1, but 32 heads split by
-// heads: key_rows_consumer.cuh) or 3 (keys as rows at 16 and 32 heads, split
-// by roles: key_rows_roles_consumer.cuh, an experiment).
+// Which consumers run `num_heads` heads over a `format` cache: the host rule
+// (plan_sparse_consumers) unless DSMLA_SPARSE_KEY_ROWS says otherwise at 16
+// and 32 heads: 0 heads as rows, 1 keys split, 2 keys split at 16 heads and
+// heads split at 32 (key_rows_consumer.cuh), 3 roles.
 enum class Consumers { head_rows, key_rows, key_rows_head_halves, key_rows_roles };
-Consumers consumers_for(int num_heads) {
+Consumers consumers_for(CacheFormat format, int num_heads) {
   static const int setting = dsmla::detail::env_choice("DSMLA_SPARSE_KEY_ROWS", {"0", "1", "2", "3"});
-  if (setting == -1) return plan_sparse_key_rows(num_heads) ? Consumers::key_rows : Consumers::head_rows;
+  if (setting == -1) {
+    switch (plan_sparse_consumers(format, num_heads)) {
+      case SparseConsumers::keys_split: return Consumers::key_rows;
+      case SparseConsumers::key_roles: return Consumers::key_rows_roles;
+      case SparseConsumers::heads_as_rows: return Consumers::head_rows;
+    }
+  }
   if (setting == 0 || (num_heads != 16 && num_heads != 32)) return Consumers::head_rows;
   if (setting == 3) return Consumers::key_rows_roles;
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
@@ -98,7 +102,7 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
 
 template <CacheFormat F>
 LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
-  switch (consumers_for(args.p.num_heads)) {
+  switch (consumers_for(F, args.p.num_heads)) {
     case Consumers::key_rows:
       if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
       return launch<F, false, 32>(args, items, stream);

@@ -26,7 +26,7 @@ __device__ __forceinline__ void sync_all() {
 // heads (key_rows_consumer.cuh), with the same producer; 0: heads as rows.
 // kHeadHalves: those consumers split the CTA's 32 heads between the
 // warpgroups instead of the keys (key_rows_consumer.cuh, "heads split");
-// kRoles: by roles (key_rows_roles_consumer.cuh, an experiment).
+// kRoles: by roles (key_rows_roles_consumer.cuh).
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;

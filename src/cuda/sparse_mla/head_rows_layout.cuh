@@ -1,8 +1,8 @@
 // Shapes, shared-memory plan and barrier roles of the warp-specialised
 // heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), the kernel of every
-// cache format and head count (32 heads run padded to 64 rows; 16 heads run
-// its keys-as-rows consumers, key_rows_consumer.cuh, on the same producer
-// and smem plan: plan_sparse_key_rows).
+// cache format and head count (16 and 32 heads may run keys-as-rows
+// consumers instead, key_rows_consumer.cuh and key_rows_roles_consumer.cuh, on
+// the same producer and smem plan: plan_sparse_consumers).
 //
 // Work split: a persistent grid; a CTA takes work items (token, 64 heads, a
 // range of the top-k positions) in one of three schedules (head_rows_work.cuh:

@@ -1,6 +1,6 @@
-// Experiment (branch exp/key-rows-roles; sparse_mla/NOTES.md, "Next (after
-// session 31)"): keys-as-rows consumers for 16 and 32 heads that split a key
-// block by roles instead of by keys or heads, so that both warpgroups work on
+// Keys-as-rows consumers for 16 and 32 heads (the default over fp8 caches,
+// plan_sparse_consumers; sparse_mla/NOTES.md, "Small heads, round by round")
+// that split a key block by roles instead of by keys or heads, so that both warpgroups work on
 // one buffer while the producer refills the other, and the key tile is read
 // once a block (head halves read it twice):
 //   warpgroup 0: S^T = K Q^T (all heads), the softmax, P^T and the block's
