@@ -398,7 +398,7 @@ int main(int argc, char** argv) {
       cases.push_back(prefill_case(CacheFormat::bf16, 32, 16384, seq, 2048, 0));
       cases.push_back(prefill_case(CacheFormat::bf16, 16, 16384, seq, 2048, 0));
     }
-    cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, 16, 16384, 1024, 2048, 0));
+    for (int heads : {16, 32}) cases.push_back(prefill_case(CacheFormat::fp8_ds_mla, heads, 16384, 1024, 2048, 0));
     for (int batch : {1, 16, 64, 128})
       for (int heads : {64, 32, 16}) cases.push_back(decode_case(CacheFormat::fp8_ds_mla, heads, batch, 8192, 2048, 0));
   } else {
