@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda/ptx>
+
 #include "cuda/common/fp8.cuh"
 #include "cuda/sparse_mla/head_rows_work.cuh"
 #include "dsmla/format.hpp"
@@ -56,6 +58,15 @@ __device__ __forceinline__ void copy_ds_mla_rope(const WorkItem& w, const std::i
   pl::arrive_on_copies(full);
 }
 
+// 16 bytes of a cache row's codes, read-only, with FlashMLA's hints: keep
+// the line in L1 last (the row's other threads read its neighbours) and fetch
+// 256 bytes into L2 (the rest of the half row): 2-5 % off the fp8_ds_mla
+// decode at 64 and 128 heads (NOTES.md, "Load hints"). cuda::ptx has the
+// form; CuTe has no load with an L2 prefetch size.
+__device__ __forceinline__ uint4 load_codes_16(const std::uint8_t* p) {
+  return ::cuda::ptx::ld_nc_L1_evict_last_L2_256B(::cuda::ptx::space_global, reinterpret_cast<const uint4*>(p));
+}
+
 // The loads of one half of the key in cache slot `slot` (checked; an invalid
 // one gives zeros) for column quarter q: the 16 codes of each of the half's
 // four 64-dim blocks, fp8's 16 rope codes in the hi half (raw[kLoBlocks]),
@@ -71,10 +82,10 @@ __device__ __forceinline__ void load_half_row(const WorkItem& w, std::int32_t sl
 #pragma unroll
   for (int k = 0; k < kLoBlocks; ++k) {
     const int block = first_block(half) + k;
-    raw[k] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + 64 * block + 16 * q)) : zero;
+    raw[k] = s >= 0 ? load_codes_16(src + 64 * block + 16 * q) : zero;
   }
   if (!kDsMla && half == kHi)
-    raw[kLoBlocks] = s >= 0 ? __ldg(reinterpret_cast<const uint4*>(src + kLatentDim + 16 * q)) : zero;
+    raw[kLoBlocks] = s >= 0 ? load_codes_16(src + kLatentDim + 16 * q) : zero;
   if constexpr (kDsMla) {
     const float2* tile_scales = reinterpret_cast<const float2*>(src + kDsMlaScaleOffset);
     scale = s >= 0 ? __ldg(tile_scales + half) : make_float2(0.f, 0.f);
