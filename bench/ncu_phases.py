@@ -13,6 +13,9 @@ taken with `--set full` (scripts/gpu-profile.sh writes it). Prints:
     offset (the immediate of the try-wait's address: a kernel's barriers sit at
     fixed offsets, so the offset names the barrier whichever register holds the
     base), each try-wait counted with the branch that retries it;
+  * warp-specialised kernels: the stretches between setmaxnreg instructions (the
+    warpgroups' roles), each with its samples, executed warp instructions, stall
+    reasons and most executed opcodes;
   * the N instructions with the most samples (default 20), with their executed count.
 A phase is a stretch of the SASS between barriers in address order, so a loop's
 body and its barrier land in one phase; in warp-specialised kernels (mbarrier
@@ -76,6 +79,30 @@ def main():
                 print(f"| {start[-5:]} | {r[col['Address']][-5:]} | {source.split(' ;')[0][:24]} | "
                       f"{100 * samples / total:.1f} | {executed} |")
             start, samples, executed = None, 0, 0
+
+    # Warp-specialised kernels: each warpgroup's code starts at its setmaxnreg
+    # (USETMAXREG), so the stretches between them are the roles.
+    cuts = [i for i, r in enumerate(data) if "USETMAXREG" in r[col["Source"]]]
+    if cuts:
+        print("\nroles (cut at each setmaxnreg, address order): samples, executed warp instructions, "
+              "their stall reasons, the most executed opcodes")
+        print("| from | samples % | warp instructions | stalls | opcodes |")
+        print("|---|---:|---:|---|---|")
+        for lo, hi in zip([0] + cuts, cuts + [len(data)]):
+            part = data[lo:hi]
+            samples = sum(num(r, "# Samples") for r in part)
+            reasons = collections.Counter()
+            ops = collections.Counter()
+            for r in part:
+                for h in stall_cols:
+                    reasons[h[len("stall_"):]] += num(r, h)
+                words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
+                if words:
+                    ops[words[0].split(".")[0]] += num(r, "Instructions Executed")
+            n = sum(reasons.values()) or 1
+            print(f"| {part[0][col['Address']][-5:]} | {100 * samples / total:.1f} | "
+                  f"{sum(ops.values())} | " + ", ".join(f"{k} {100 * v / n:.0f} %" for k, v in reasons.most_common(5)) +
+                  " | " + ", ".join(f"{k} {v}" for k, v in ops.most_common(8)) + " |")
 
     waits = collections.Counter()
     sites = collections.Counter()
