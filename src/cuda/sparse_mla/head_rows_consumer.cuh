@@ -21,16 +21,11 @@ __device__ __forceinline__ void quad_swap(T& lo, T& hi, int mask, int tq) {
 }
 
 template <int kWg, bool kPaired>
-struct Consumer {
+struct Consumer : ConsumerThread {
   static constexpr int kOther = 1 - kWg;
   static constexpr int kFirst = first_half(kWg);  // half of its buffer S reads first
   static constexpr int kSecond = 1 - kFirst;
 
-  WorkItem item;  // the item being processed
-  const Barriers& bars;
-  std::uint8_t* smem;
-  mma::DescAddr s_base;  // smem as wgmma descriptors take it
-  int tid, warp, g, tq;
   int peer_rank;  // paired: the other CTA of the cluster
 
   float o[128];       // O[rows][256 kWg + col], wgmma accumulator order
@@ -39,12 +34,7 @@ struct Consumer {
   float l_part[2];    // this thread's part of the row sums
   float scale_log2;   // the item's softmax scale in the log2 domain (S stays raw)
 
-  __device__ Consumer(const Barriers& b, std::uint8_t* sm)
-      : bars(b), smem(sm), s_base(mma::desc_addr(pl::smem_addr(sm))) {
-    tid = threadIdx.x & 127;
-    warp = tid >> 5;
-    g = (tid & 31) >> 2;
-    tq = tid & 3;
+  __device__ Consumer(const Barriers& b, std::uint8_t* sm) : ConsumerThread(b, sm) {
     peer_rank = kPaired ? 1 - pair_rank() : 0;
   }
   __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }

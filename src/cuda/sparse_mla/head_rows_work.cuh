@@ -200,4 +200,25 @@ struct Barriers {
   __device__ pl::Mbarrier* sums_read() const { return base + 15; }
 };
 
+// What every consumer thread starts from (head_rows_consumer.cuh,
+// key_rows_lanes.cuh): the item it works on, the barriers, shared memory
+// (also as wgmma descriptors take it), and its place in the warpgroup as
+// wgmma's accumulator layout uses it: thread tid (0..127) of warp `warp`,
+// lane group g (0..7), lane tq (0..3) of the group.
+struct ConsumerThread {
+  WorkItem item;
+  const Barriers& bars;
+  std::uint8_t* smem;
+  mma::DescAddr s_base;
+  int tid, warp, g, tq;
+
+  __device__ ConsumerThread(const Barriers& b, std::uint8_t* sm)
+      : bars(b), smem(sm), s_base(mma::desc_addr(pl::smem_addr(sm))) {
+    tid = threadIdx.x & 127;
+    warp = tid >> 5;
+    g = (tid & 31) >> 2;
+    tq = tid & 3;
+  }
+};
+
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows

@@ -43,17 +43,12 @@ struct KeyRowsOps<32> {
 
 // kN: the heads of this warpgroup's products (wgmma N), 16 or 32.
 template <int kN>
-struct KeyRowsLanes {
+struct KeyRowsLanes : ConsumerThread {
   static_assert(kN == 16 || kN == 32);
   static constexpr int kFrag = kN / 2;  // floats of a 64 x kN accumulator per thread
   static constexpr int kCols = kN / 4;  // heads (columns) per thread
   using Ops = KeyRowsOps<kN>;
 
-  WorkItem item;
-  const Barriers& bars;
-  std::uint8_t* smem;
-  mma::DescAddr s_base;
-  int tid, warp, g, tq;
   int exchanges = 0;  // column-max exchanges so far: their smem slot parity
 
   float s[kFrag];       // S^T, then P^T, of the current block
@@ -61,13 +56,7 @@ struct KeyRowsLanes {
   float l_part[kCols];  // this thread's part of their sums
   float scale_log2;
 
-  __device__ KeyRowsLanes(const Barriers& b, std::uint8_t* sm)
-      : bars(b), smem(sm), s_base(mma::desc_addr(pl::smem_addr(sm))) {
-    tid = threadIdx.x & 127;
-    warp = tid >> 5;
-    g = (tid & 31) >> 2;
-    tq = tid & 3;
-  }
+  __device__ KeyRowsLanes(const Barriers& b, std::uint8_t* sm) : ConsumerThread(b, sm) {}
   // Column c of the thread's heads, its two keys (rows), and where (c, hi) is
   // in an accumulator.
   __device__ int head(int c) const { return 8 * (c >> 1) + 2 * tq + (c & 1); }
