@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Experiment trees against this tree in one device call (carry [".deps", ".anchors",
+# ".exp", ".tree"]; stage the trees with scripts/stage-trees.sh first). For this
+# tree and every TREE given: builds the GPU tests and the sparse harness
+# (build-gpu of each), runs the GPU tests matching FILTER and the harness cases
+# matching CASE (each checks its output against the CPU reference), then one
+# clock-robust A/B of all of them against the anchors (scripts/gpu-paired.sh,
+# given PAIRED_ARGS), then with --sanitize the compute-sanitizer groups
+# SANITIZE_GROUPS (default sparse) of every experiment tree. Files in $OUT
+# (the device returns 8): trees.log (build, tests, harness and sanitizer
+# summaries of every tree), env.txt, paired.md, paired.json, clocks.csv.
+# FILTER defaults to *Sparse*; CASE to "decode" (empty: no harness run).
+# Usage: [FILTER=...] [CASE=...] scripts/gpu-trees.sh [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]
+#   e.g. scripts/gpu-trees.sh --sanitize .exp/R=rope .exp/P=rolled -- --only decode
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
+usage() { echo "usage: scripts/gpu-trees.sh [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]" >&2; exit 2; }
+sanitize=0; trees=(); paired=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --sanitize) sanitize=1; shift ;;
+    --) shift; paired=("$@"); break ;;
+    *=*) [ -d "${1%%=*}" ] || { echo "gpu-trees: no tree '${1%%=*}'" >&2; exit 2; }; trees+=("$1"); shift ;;
+    *) usage ;;
+  esac
+done
+[ ${#trees[@]} -ge 1 ] || usage
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+log=$OUT/trees.log; : >"$log"
+status=0
+say() { echo "$*" | tee -a "$log"; }
+for spec in "$root=main" "${trees[@]}"; do
+  dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
+  say "== $label: $dir ($(cat "$dir/.tree" 2>/dev/null || git -C "$dir" rev-parse --short HEAD 2>/dev/null)) $(date -u +%H:%M:%S)"
+  build=$dir/build-gpu
+  if ! (cmake -S "$dir" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+          -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null &&
+        ninja -C "$build" -j 16 test_gpu_cuda sparse_mla_kernel_bench) >"$OUT/build_$label.log" 2>&1; then
+    tail -30 "$OUT/build_$label.log" >>"$log"; say "BUILD FAILED: $label"; status=1; continue
+  fi
+  grep -E "spill" "$OUT/build_$label.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c | head -10 >>"$log"
+  rm -f "$OUT/build_$label.log"
+  timeout ${TEST_TIMEOUT:-300} "$build/tests/test_gpu_cuda" --gtest_filter="${FILTER:-*Sparse*}" --gtest_brief=1 \
+    >"$OUT/t.log" 2>&1 || { status=1; say "TESTS FAILED: $label"; grep -E "FAILED|Failure" "$OUT/t.log" | head -20 >>"$log"; }
+  grep -E "tests ran|PASSED" "$OUT/t.log" | tail -2 | tee -a "$log"; rm -f "$OUT/t.log"
+  if [ -n "${CASE-decode}" ]; then
+    timeout 200 "$build/sparse_mla_kernel_bench" --case "${CASE-decode}" >"$OUT/h.log" 2>&1 || { status=1; say "HARNESS FAILED: $label"; }
+    grep -E "^\||MISMATCH|FAIL" "$OUT/h.log" | head -30 >>"$log"; rm -f "$OUT/h.log"
+  fi
+done
+tree_args=(); for spec in "${trees[@]}"; do tree_args+=(--tree "$spec"); done
+say "== paired $(date -u +%H:%M:%S)"
+scripts/gpu-paired.sh "${tree_args[@]}" ${paired[@]+"${paired[@]}"} >>"$log" 2>&1 || { status=1; say "PAIRED FAILED"; }
+grep -E "^\|" "$OUT/paired.md" 2>/dev/null | head -60
+if [ $sanitize = 1 ]; then
+  for spec in "${trees[@]}"; do
+    dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
+    say "== sanitizer: $label $(date -u +%H:%M:%S)"
+    SANITIZE_GROUPS=${SANITIZE_GROUPS:-sparse} scripts/gpu-sanitize.sh "$dir/build-gpu" >"$OUT/s.log" 2>&1 ||
+      { status=1; say "SANITIZER FAILED: $label"; grep -E "ERROR|FAILED|Invalid|Race" "$OUT/s.log" | head -20 >>"$log"; }
+    grep -E "^== |ERROR SUMMARY|tests ran|PASSED" "$OUT/s.log" | tail -40 >>"$log"; rm -f "$OUT/s.log"
+  done
+fi
+say "== done $(date -u +%H:%M:%S), status $status"
+exit $status
