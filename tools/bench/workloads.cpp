@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -176,26 +177,78 @@ std::optional<Anchor> anchor_for(What what, const Work& w) {
   return std::nullopt;
 }
 
-SameRunAnchors load_same_run_anchors(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("--anchors '" + path + "': cannot be opened");
-  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("rows") || !doc["rows"].is_array())
-    throw Error("--anchors '" + path + "': not an anchors_bench.py --json file (no \"rows\" array)");
-  SameRunAnchors a;
-  a.source = path;
-  if (doc.contains("env") && doc["env"].is_object()) {
-    const nlohmann::json& env = doc["env"];
-    for (const char* key : {"gpu", "flashmla", "fa3", "cudnn"})
-      if (env.contains(key)) a.source += std::string(", ") + key + " " + env[key].dump();
+namespace {
+// The GPU, library versions and timing method of an anchors file, after its path.
+std::string describe_env(const nlohmann::json& doc, std::initializer_list<const char*> keys) {
+  std::string text;
+  if (!doc.contains("env") || !doc["env"].is_object()) return text;
+  const nlohmann::json& env = doc["env"];
+  for (const char* key : keys)
+    if (env.contains(key) && !env[key].is_object()) text += std::string(", ") + key + " " + env[key].dump();
+  return text;
+}
+
+// bench/paired.py --json: rows {kind, S or B, H, medians_ms {contender: ms}}; the
+// anchors are its FlashMLA, FA3 and cuDNN contenders (GPU time, launch path hidden).
+void read_paired_rows(const nlohmann::json& rows, std::map<std::string, double>& ms) {
+  static const std::map<std::string, std::map<std::string, std::string>> kAnchorNames = {
+      {"prefill", {{"FlashMLA", "flashmla_sparse_prefill"}}},
+      {"decode", {{"FlashMLA", "flashmla_fp8_decode"}}},
+      {"dense", {{"FA3", "fa3_dense"}, {"cuDNN", "cudnn_dense"}}}};
+  for (const nlohmann::json& row : rows) {
+    if (!row.is_object() || !row.contains("kind") || !row["kind"].is_string() || !row.contains("H") ||
+        !row["H"].is_number_integer() || !row.contains("medians_ms") || !row["medians_ms"].is_object())
+      continue;
+    const auto kind = kAnchorNames.find(row["kind"].get<std::string>());
+    const char* size_key = row["kind"] == "decode" ? "B" : "S";
+    if (kind == kAnchorNames.end() || !row.contains(size_key) || !row[size_key].is_number_integer()) continue;
+    const std::string shape =
+        " " + std::to_string(row[size_key].get<int>()) + " " + std::to_string(row["H"].get<int>());
+    for (const auto& [contender, name] : kind->second) {
+      const nlohmann::json& medians = row["medians_ms"];
+      if (medians.contains(contender) && medians[contender].is_number() && medians[contender].get<double>() > 0)
+        ms[name + shape] = medians[contender].get<double>();
+    }
   }
-  for (const nlohmann::json& row : doc["rows"]) {
+}
+
+// ../shared/anchors/anchors_bench.py --json: rows {what, S or B, H, time, unit}.
+void read_anchor_bench_rows(const nlohmann::json& rows, std::map<std::string, double>& ms) {
+  for (const nlohmann::json& row : rows) {
     if (!row.is_object() || !row.contains("what") || !row.contains("time") || !row.contains("H")) continue;
     const std::string what = row["what"].get<std::string>();
     const double scale = row.value("unit", std::string("ms")) == "us" ? 1e-3 : 1.0;
     const int size = row.contains("S") ? row["S"].get<int>() : row.contains("B") ? row["B"].get<int>() : -1;
     if (size < 0 || !row["time"].is_number()) continue;
-    a.ms[what + " " + std::to_string(size) + " " + std::to_string(row["H"].get<int>())] = row["time"].get<double>() * scale;
+    ms[what + " " + std::to_string(size) + " " + std::to_string(row["H"].get<int>())] = row["time"].get<double>() * scale;
+  }
+}
+}  // namespace
+
+SameRunAnchors load_same_run_anchors(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("--anchors '" + path + "': cannot be opened");
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("rows") || !doc["rows"].is_array())
+    throw Error("--anchors '" + path +
+                "': not an anchors_bench.py or bench/paired.py --json file (no \"rows\" array)");
+  const nlohmann::json& rows = doc["rows"];
+  const bool paired = !rows.empty() && rows[0].is_object() && rows[0].contains("medians_ms");
+  SameRunAnchors a;
+  try {
+    if (paired) {
+      read_paired_rows(rows, a.ms);
+      a.source = path + describe_env(doc, {"gpu", "date", "tree"}) +
+                 ", GPU time with the launch path hidden (bench/paired.py)";
+    } else {
+      read_anchor_bench_rows(rows, a.ms);
+      a.source = path + describe_env(doc, {"gpu", "flashmla", "fa3", "cudnn"}) +
+                 ", each sample from an idle GPU (anchors_bench.py): the decode anchors include FlashMLA's "
+                 "Python launch path, tens of microseconds, so the decode ratios favour dsmla (bench/paired.py "
+                 "--json gives GPU time)";
+    }
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    throw Error("--anchors '" + path + "': malformed row (" + e.what() + ")");
   }
   if (a.ms.empty()) throw Error("--anchors '" + path + "': no usable rows");
   return a;
