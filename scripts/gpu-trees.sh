@@ -30,6 +30,8 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 log=$OUT/trees.log; : >"$log"
 status=0
 say() { echo "$*" | tee -a "$log"; }
+# DIR=LABEL[,NAME=VALUE...] -> $dir (absolute) and $label (without the settings).
+parse() { dir=$(cd "${1%%=*}" && pwd); label=${1#*=}; label=${label%%,*}; }
 all=("$root=main" "${trees[@]}")
 # Every tree builds at once: one tree's build waits most of its time on its
 # longest file (head_rows.cu, ~80 s) while the other cores idle.
@@ -37,7 +39,7 @@ jobs=$(( 16 / ${#all[@]} )); [ $jobs -ge 2 ] || jobs=2
 say "== building ${#all[@]} trees, $jobs jobs each, $(date -u +%H:%M:%S)"
 pids=()
 for spec in "${all[@]}"; do
-  dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
+  parse "$spec"
   (cmake -S "$dir" -B "$dir/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
      -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null &&
    ninja -C "$dir/build-gpu" -j $jobs test_gpu_cuda sparse_mla_kernel_bench dsmla_kernel_shim) >"$OUT/build_$label.log" 2>&1 &
@@ -45,7 +47,7 @@ for spec in "${all[@]}"; do
 done
 built=()
 for i in "${!all[@]}"; do
-  spec=${all[$i]} label=${all[$i]#*=}; label=${label%%,*}
+  spec=${all[$i]}; parse "$spec"
   if wait "${pids[$i]}"; then built+=("$spec")
   else tail -30 "$OUT/build_$label.log" >>"$log"; say "BUILD FAILED: $label"; status=1; fi
   grep -E "spill" "$OUT/build_$label.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c | head -10 >>"$log"
@@ -53,7 +55,7 @@ for i in "${!all[@]}"; do
 done
 say "== built $(date -u +%H:%M:%S)"
 for spec in "${built[@]}"; do
-  dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
+  parse "$spec"
   say "== $label: $dir ($(cat "$dir/.tree" 2>/dev/null || git -C "$dir" rev-parse --short HEAD 2>/dev/null)) $(date -u +%H:%M:%S)"
   build=$dir/build-gpu
   timeout ${TEST_TIMEOUT:-300} "$build/tests/test_gpu_cuda" --gtest_filter="${FILTER:-*Sparse*}" --gtest_brief=1 \
@@ -72,7 +74,7 @@ scripts/gpu-paired.sh "${tree_args[@]}" ${paired[@]+"${paired[@]}"} >>"$log" 2>&
 grep -E "^\|" "$OUT/paired.md" 2>/dev/null | head -60
 if [ $sanitize = 1 ]; then
   for spec in "${built[@]:1}"; do
-    dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
+    parse "$spec"
     say "== sanitizer: $label $(date -u +%H:%M:%S)"
     SANITIZE_GROUPS=${SANITIZE_GROUPS:-sparse} scripts/gpu-sanitize.sh "$dir/build-gpu" >"$OUT/s.log" 2>&1 ||
       { status=1; say "SANITIZER FAILED: $label"; grep -E "ERROR|FAILED|Invalid|Race" "$OUT/s.log" | head -20 >>"$log"; }
