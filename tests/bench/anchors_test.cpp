@@ -94,6 +94,33 @@ TEST_F(AnchorFile, AnchorsBenchJsonSaysHowItTimed) {
   EXPECT_NE(a.source.find("\"9241ae3\""), std::string::npos) << a.source;
 }
 
+TEST_F(AnchorFile, PairedJsonWhoseFirstWorkloadFailedStillLoads) {
+  const SameRunAnchors a = load_same_run_anchors(write(R"({"env": {"timing": "host-inclusive"}, "rows": [
+      {"workload": "prefill S256 H128", "kind": "prefill", "S": 256, "H": 128, "error": "out of memory"},
+      {"workload": "decode B1 H128", "kind": "decode", "B": 1, "H": 128, "medians_ms": {"FlashMLA": 0.02}}]})"));
+  EXPECT_EQ(a.ms.size(), 1u);
+  EXPECT_DOUBLE_EQ(a.ms.at("flashmla_fp8_decode 1 128"), 0.02);
+  EXPECT_NE(a.source.find("idle GPU"), std::string::npos) << a.source;  // --host-inclusive says so
+}
+
+TEST_F(AnchorFile, HostileValuesAreSkippedNotCast) {
+  // Sizes that are not ints in range, in both formats: the rows are skipped.
+  EXPECT_NE(error_of(R"({"rows": [{"what": "fa3_dense", "time": 1.0, "S": 3e9, "H": 128},
+                                  {"what": "fa3_dense", "time": 1.0, "S": 256, "H": 1e30},
+                                  {"what": "fa3_dense", "time": 1.0, "S": -256, "H": 128}]})")
+                .find("no usable rows"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"rows": [{"kind": "decode", "B": 18446744073709551615, "H": 64,
+                                   "medians_ms": {"FlashMLA": 1.0}}]})")
+                .find("no usable rows"),
+            std::string::npos);
+  // A deeply nested value in env is not printed (its dump would recurse that deep).
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  const SameRunAnchors a = load_same_run_anchors(
+      write(R"({"env": {"gpu": )" + deep + R"(}, "rows": [{"what": "fa3_dense", "time": 1.0, "S": 256, "H": 16}]})"));
+  EXPECT_EQ(a.source.find("gpu"), std::string::npos) << a.source.substr(0, 200);
+}
+
 TEST_F(AnchorFile, BadFilesNameTheFileAndTheProblem) {
   EXPECT_NE(error_of("{not json").find("no \"rows\" array"), std::string::npos);
   EXPECT_NE(error_of(R"({"rows": {}})").find("no \"rows\" array"), std::string::npos);
@@ -101,7 +128,10 @@ TEST_F(AnchorFile, BadFilesNameTheFileAndTheProblem) {
   EXPECT_NE(error_of(R"({"rows": [{"kind": "decode", "H": 64, "medians_ms": {"dsmla": 1.0}, "B": 1}]})")
                 .find("no usable rows"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"rows": [{"what": 5, "time": 1.0, "H": 64, "S": 256}]})").find("malformed row"),
+  EXPECT_NE(error_of(R"({"rows": [{"what": 5, "time": 1.0, "H": 64, "S": 256}]})").find("no usable rows"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"rows": [{"what": "fa3_dense", "unit": 5, "time": 1.0, "H": 64, "S": 256}]})")
+                .find("malformed row"),
             std::string::npos);
   const std::string message = error_of(R"({"rows": [{"kind": "prefill", "H": "64", "S": 256,
                                                      "medians_ms": {"FlashMLA": -1}}]})");
