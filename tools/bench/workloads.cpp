@@ -182,9 +182,7 @@ namespace {
 // `key` of object `j` as a positive int, or 0 when absent, not an integer or out of range.
 int positive_int(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_number_integer()) return 0;
-  const nlohmann::json& v = j[key];
-  if (v.is_number_unsigned()) return v.get<std::uint64_t>() <= INT32_MAX ? static_cast<int>(v.get<std::uint64_t>()) : 0;
-  const std::int64_t x = v.get<std::int64_t>();
+  const std::int64_t x = j[key].get<std::int64_t>();  // an unsigned value past INT64_MAX wraps negative
   return x >= 1 && x <= INT32_MAX ? static_cast<int>(x) : 0;
 }
 
@@ -216,8 +214,8 @@ void read_paired_rows(const nlohmann::json& rows, std::map<std::string, double>&
     const int size = positive_int(row, kind->first == "decode" ? "B" : "S"), heads = positive_int(row, "H");
     if (size == 0 || heads == 0) continue;
     const std::string shape = " " + std::to_string(size) + " " + std::to_string(heads);
+    const nlohmann::json& medians = row["medians_ms"];
     for (const auto& [contender, name] : kind->second) {
-      const nlohmann::json& medians = row["medians_ms"];
       if (medians.contains(contender) && medians[contender].is_number() && medians[contender].get<double>() > 0)
         ms[name + shape] = medians[contender].get<double>();
     }
