@@ -268,12 +268,13 @@ struct KeyGather<F, true> {
 
   // Half `half` of key buffer b from register slot `half`; then next() (once
   // the slot's registers are free: it issues the next loads into them), the
-  // fence, and the arrival on `full` (thread 0 with the peer's bytes).
-  template <int b, int half, class Next>
-  __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread],
+  // fence, and the arrival on `full` (thread 0 with the peer's bytes). The
+  // buffer is a run-time index (experiment: one copy of the code for both).
+  template <int half, class Next>
+  __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int b,
                                         std::uint8_t* smem, pl::Mbarrier* full, Next&& next) {
     const int q = static_cast<int>(t % kThreadsPerRow);
-    constexpr int tile = kSmemK + b * kTileBytes;
+    const int tile = kSmemK + b * kTileBytes;
     std::uint8_t* buf = smem + tile;
     const std::uint32_t base = pl::smem_addr(buf);
     constexpr int rope = 8 * (kDimBlocks - 1);  // first chunk of the rope block

@@ -112,12 +112,21 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         keys.template load<kHi>(w, slots[0]);
       }
       std::int32_t ahead[2][kRowsPerThread];
-      // b and half as template arguments: every loop bound and offset is
-      // static. `next` issues the chained loads (or nothing).
-      auto gather = [&]<int b, int half>(auto&& next) {
+      // The half as a template argument, the buffer at run time (experiment:
+      // one copy of each half's code). `next` issues the chained loads (or
+      // nothing).
+      std::int32_t cur[kRowsPerThread], nxt[kRowsPerThread];  // buffer b's slots, and the next block's
+      auto gather = [&]<int half>(int b, auto&& next) {
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-        keys.template store<b, half>(w, slots[b], smem, bars.full(b, half), next);
-        if constexpr (half == kLo) write_flags.template operator()<b>();
+        keys.template store<half>(w, cur, b, smem, bars.full(b, half), next);
+        if constexpr (half == kLo) {
+          if (t % Gather::kThreadsPerRow == 0) {
+#pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i)
+              smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(cur[i]) >= 0;
+            pl::arrive(bars.valid(b));
+          }
+        }
       };
       for (int r = 0; r < w.rounds; ++r, ++round) {
         const bool more = r + 1 < w.rounds;
@@ -127,10 +136,18 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
             for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
         }
-        gather.template operator()<0, kLo>([&] { keys.template load<kLo>(w, slots[1]); });
-        gather.template operator()<0, kHi>([&] { keys.template load<kHi>(w, slots[1]); });
-        gather.template operator()<1, kLo>([&] { if (more) keys.template load<kLo>(w, ahead[0]); });
-        gather.template operator()<1, kHi>([&] { if (more) keys.template load<kHi>(w, ahead[0]); });
+#pragma unroll 1
+        for (int b = 0; b < 2; ++b) {
+          // The next block: buffer 1's, or the next round's buffer 0.
+#pragma unroll
+          for (int i = 0; i < kRowsPerThread; ++i) {
+            cur[i] = b == 0 ? slots[0][i] : slots[1][i];
+            nxt[i] = b == 0 ? slots[1][i] : ahead[0][i];
+          }
+          const bool chain = b == 0 || more;
+          gather.template operator()<kLo>(b, [&] { if (chain) keys.template load<kLo>(w, nxt); });
+          gather.template operator()<kHi>(b, [&] { if (chain) keys.template load<kHi>(w, nxt); });
+        }
         if (more) {
 #pragma unroll
           for (int b = 0; b < 2; ++b)
