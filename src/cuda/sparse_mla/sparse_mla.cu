@@ -59,7 +59,7 @@ __device__ __forceinline__ void merge_partials(const float* __restrict__ part_ls
     const int count = min(n - base, kCombineThreads);
     if (tid < count) {
       const float ls = base == 0 ? own_lse : part_lse[row_of(base + tid)];
-      weights[tid] = ls == -INFINITY ? kEmpty : __expf(ls - lse_max);
+      weights[tid] = ls == -INFINITY || lse_max == -INFINITY ? kEmpty : __expf(ls - lse_max);
     }
     __syncthreads();
     for (int first = 0; first < count; first += kLoadsInFlight) {
