@@ -46,7 +46,7 @@ __device__ __forceinline__ void merge_partials(const float* __restrict__ part_ls
   const int tid = threadIdx.x;
   // The largest lse; each thread keeps the one it read for the first pass.
   const float own_lse = tid < n ? part_lse[row_of(tid)] : -INFINITY;
-  float lse_max = own_lse;
+  float lse_max = fmaxf(-INFINITY, own_lse);  // as before, a NaN lse never becomes the max
   for (int s = tid + kCombineThreads; s < n; s += kCombineThreads) lse_max = fmaxf(lse_max, part_lse[row_of(s)]);
   for (int offset = 16; offset > 0; offset /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, offset));
   if (tid % 32 == 0) warp_max[tid / 32] = lse_max;
