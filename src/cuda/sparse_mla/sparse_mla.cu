@@ -33,6 +33,9 @@ constexpr int kCombineThreads = kValueDim / 4;  // 4 columns per thread
 // after another, each load of o waiting on that partial's lse, the merge of
 // n partials took 2 n L2 latencies: at batch 1 (32 splits) about 10 us, more
 // than the partial kernel itself. The sums run in the same order as then.
+// Four loads in flight a thread: eight halve the CTAs a multiprocessor holds
+// (52-55 registers here, 71-90 with eight), which the many-CTA merges of
+// batch 16-64 (1,000-4,000 CTAs of 2-8 partials) need more than depth.
 template <class RowOf>
 __device__ __forceinline__ void merge_partials(const float* __restrict__ part_lse, const float* __restrict__ part_o,
                                                int n, RowOf row_of, __nv_bfloat16* __restrict__ o_lat,
@@ -40,7 +43,7 @@ __device__ __forceinline__ void merge_partials(const float* __restrict__ part_ls
                                                std::int64_t lse_index) {
   constexpr int kWarps = kCombineThreads / 32;
   constexpr float kEmpty = -1.f;  // the weight of an empty partial (a real one is >= 0)
-  constexpr int kLoadsInFlight = 8;
+  constexpr int kLoadsInFlight = 4;
   __shared__ float weights[kCombineThreads];
   __shared__ float warp_max[kWarps];
   const int tid = threadIdx.x;
