@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dsmla bench` (prefill routes and kernels, the decode rows of issue 8, the mixed serving batch,
-# the graph row, the indexer rows) against the anchors
-# of this call ($OUT/anchors.json, written by scripts/gpu-iterate.sh), then
+# the graph row, the indexer rows) against the anchors of this call: $OUT/paired.json
+# (scripts/gpu-paired.sh: GPU time) when there is one, else $OUT/anchors.json
+# (scripts/gpu-iterate.sh: timed from an idle GPU, which favours dsmla's decode rows), then
 # issue 7's peer stack on the same mixed batch (bench/peer_stack_mixed.py:
 # FlashMLA + torch bmm, per-batch routing) with the dsmla / peer ratios.
 # Needs build-gpu (scripts/gpu-iterate.sh builds it) and .anchors/*.whl.
@@ -16,7 +17,8 @@ OUT=${OUT:-$root/out}; mkdir -p "$OUT"
 args=(); for a in "$@"; do [ -n "$a" ] && args+=("$a"); done; set -- ${args[@]+"${args[@]}"}
 status=0
 echo "== dsmla bench $*"
-anchors=(); [ -f "$OUT/anchors.json" ] && anchors=(--anchors "$OUT/anchors.json")
+anchors=()
+for f in "$OUT/paired.json" "$OUT/anchors.json"; do [ -f "$f" ] && { anchors=(--anchors "$f"); break; }; done
 timeout 500 build-gpu/dsmla bench "$@" ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
   >"$OUT/bench.log" 2>&1 || { status=1; echo "BENCH FAILED"; }
 grep -E "^decode|^mixed|^indexer|ERROR" "$OUT/bench.log" | tail -60

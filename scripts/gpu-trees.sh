@@ -30,17 +30,34 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 log=$OUT/trees.log; : >"$log"
 status=0
 say() { echo "$*" | tee -a "$log"; }
-for spec in "$root=main" "${trees[@]}"; do
-  dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
-  say "== $label: $dir ($(cat "$dir/.tree" 2>/dev/null || git -C "$dir" rev-parse --short HEAD 2>/dev/null)) $(date -u +%H:%M:%S)"
-  build=$dir/build-gpu
-  if ! (cmake -S "$dir" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-          -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null &&
-        ninja -C "$build" -j 16 test_gpu_cuda sparse_mla_kernel_bench) >"$OUT/build_$label.log" 2>&1; then
-    tail -30 "$OUT/build_$label.log" >>"$log"; say "BUILD FAILED: $label"; status=1; continue
-  fi
+# DIR=LABEL[,NAME=VALUE...] -> $dir (absolute) and $label (without the settings).
+parse() { dir=$(cd "${1%%=*}" && pwd); label=${1#*=}; label=${label%%,*}; }
+all=("$root=main" "${trees[@]}")
+# Every tree builds at once: one tree's build waits most of its time on its
+# longest file (head_rows.cu, ~80 s) while the other cores idle.
+jobs=$(( 16 / ${#all[@]} )); [ $jobs -ge 2 ] || jobs=2
+say "== building ${#all[@]} trees, $jobs jobs each, $(date -u +%H:%M:%S)"
+pids=()
+for spec in "${all[@]}"; do
+  parse "$spec"
+  (cmake -S "$dir" -B "$dir/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null &&
+   ninja -C "$dir/build-gpu" -j $jobs test_gpu_cuda sparse_mla_kernel_bench dsmla_kernel_shim) >"$OUT/build_$label.log" 2>&1 &
+  pids+=($!)
+done
+built=()
+for i in "${!all[@]}"; do
+  spec=${all[$i]}; parse "$spec"
+  if wait "${pids[$i]}"; then built+=("$spec")
+  else tail -30 "$OUT/build_$label.log" >>"$log"; say "BUILD FAILED: $label"; status=1; fi
   grep -E "spill" "$OUT/build_$label.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c | head -10 >>"$log"
   rm -f "$OUT/build_$label.log"
+done
+say "== built $(date -u +%H:%M:%S)"
+for spec in "${built[@]}"; do
+  parse "$spec"
+  say "== $label: $dir ($(cat "$dir/.tree" 2>/dev/null || git -C "$dir" rev-parse --short HEAD 2>/dev/null)) $(date -u +%H:%M:%S)"
+  build=$dir/build-gpu
   timeout ${TEST_TIMEOUT:-300} "$build/tests/test_gpu_cuda" --gtest_filter="${FILTER:-*Sparse*}" --gtest_brief=1 \
     >"$OUT/t.log" 2>&1 || { status=1; say "TESTS FAILED: $label"; grep -E "FAILED|Failure" "$OUT/t.log" | head -20 >>"$log"; }
   grep -E "tests ran|PASSED" "$OUT/t.log" | tail -2 | tee -a "$log"; rm -f "$OUT/t.log"
@@ -49,13 +66,15 @@ for spec in "$root=main" "${trees[@]}"; do
     grep -E "^\||MISMATCH|FAIL" "$OUT/h.log" | head -30 >>"$log"; rm -f "$OUT/h.log"
   fi
 done
-tree_args=(); for spec in "${trees[@]}"; do tree_args+=(--tree "$spec"); done
+# Only the experiment trees that built (gpu-paired.sh stops at a failed build).
+tree_args=(); for spec in "${built[@]:1}"; do tree_args+=(--tree "$spec"); done
+[ "${built[0]:-}" = "$root=main" ] || { say "main did not build: no paired rounds"; exit 1; }
 say "== paired $(date -u +%H:%M:%S)"
 scripts/gpu-paired.sh "${tree_args[@]}" ${paired[@]+"${paired[@]}"} >>"$log" 2>&1 || { status=1; say "PAIRED FAILED"; }
 grep -E "^\|" "$OUT/paired.md" 2>/dev/null | head -60
 if [ $sanitize = 1 ]; then
-  for spec in "${trees[@]}"; do
-    dir=$(cd "${spec%%=*}" && pwd) label=${spec#*=}; label=${label%%,*}
+  for spec in "${built[@]:1}"; do
+    parse "$spec"
     say "== sanitizer: $label $(date -u +%H:%M:%S)"
     SANITIZE_GROUPS=${SANITIZE_GROUPS:-sparse} scripts/gpu-sanitize.sh "$dir/build-gpu" >"$OUT/s.log" 2>&1 ||
       { status=1; say "SANITIZER FAILED: $label"; grep -E "ERROR|FAILED|Invalid|Race" "$OUT/s.log" | head -20 >>"$log"; }

@@ -246,6 +246,10 @@ TEST_F(CliTest, UsageErrors) {
   expect_bad_input({"make-case", file("c.safetensors"), "--seq-lens", "4", "--query-lens", "5"}, {"exceeds"});
   expect_bad_input({"make-case", file("c.safetensors"), "--batch", "small_decode", "--cache-format", "fp4"}, {"fp4"});
   expect_bad_input({"demo", "--heads"}, {"needs a value"});
+  // `bench` reads its anchors file before anything runs, on any machine.
+  expect_bad_input({"bench", "--anchors", file("no_anchors.json")}, {"no_anchors.json", "cannot be opened"});
+  std::ofstream(file("empty_anchors.json")) << R"({"rows": []})";
+  expect_bad_input({"bench", "--anchors", file("empty_anchors.json")}, {"empty_anchors.json", "no usable rows"});
 }
 
 TEST_F(CliTest, HelpExitsZero) {

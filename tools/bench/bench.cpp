@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "bench/runner.hpp"
@@ -46,8 +47,10 @@ const char* kUsage =
     "  mixed H 128 only; indexer prefill 16K and decode B 64 at 64K.\n"
     "  --only LIST: only these sections (comma-separated): attention (prefill route and\n"
     "  kernel rows), decode, mixed, graph, indexer. The ceilings are always measured.\n"
-    "  --anchors FILE: anchors_bench.py --json of the same device call; kernel rows then show\n"
-    "  its FlashMLA / cuDNN / FlashAttention-3 time and ours / anchor.\n"
+    "  --anchors FILE: the anchors of the same device call, bench/paired.py --json (GPU time:\n"
+    "  preferred) or anchors_bench.py --json (each sample from an idle GPU: its decode times\n"
+    "  include FlashMLA's launch path); kernel rows then show its FlashMLA / cuDNN /\n"
+    "  FlashAttention-3 time and ours / anchor. Read first: a bad file stops the run.\n"
     "  --calibrate FILE: instead, both routes of chunks of context 0..2000 and 2..2048 new\n"
     "  tokens (seq_len <= topk, H 16 and 128), and per head count the dense_cost_factor that\n"
     "  routes the most chunks to their faster route, written to FILE (dsmla plan\n"
@@ -98,8 +101,17 @@ int bench_main(int argc, char** argv) {
   }
   args.expect_positional(0, "");
   const Options options = parse_options(args);
+  // The file the caller named is read before anything runs, on any machine.
+  std::optional<bench::SameRunAnchors> anchors;
+  if (!options.anchors_path.empty()) {
+    try {
+      anchors = bench::load_same_run_anchors(options.anchors_path);
+    } catch (const Error& e) {
+      throw UsageError(e.what());  // a bad file the caller named, not a failure of the run
+    }
+  }
   try {
-    return bench::run_bench(options);
+    return bench::run_bench(options, anchors);
   } catch (const Error& e) {
     // Inputs here are fixed shapes: a dsmla::Error is a failure of the run, not bad input.
     throw RuntimeFailure(e.what());

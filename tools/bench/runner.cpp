@@ -848,7 +848,7 @@ int run_calibration(Runner& runner, Report& rep, const Options& options) {
 
 }  // namespace
 
-int run_bench(const Options& options) {
+int run_bench(const Options& options, const std::optional<SameRunAnchors>& anchors) {
   if (!cuda_backend_compiled()) {
     throw RuntimeFailure("this build has no CUDA backend (configure with -DDSMLA_ENABLE_CUDA=ON)");
   }
@@ -869,15 +869,7 @@ int run_bench(const Options& options) {
                   {"memory_bytes", info.global_memory_bytes},
                   {"cuda_driver_version", info.driver_version},
                   {"cuda_runtime_version", info.runtime_version}};
-  std::optional<SameRunAnchors> anchors;
-  if (!options.anchors_path.empty()) {
-    try {
-      anchors = load_same_run_anchors(options.anchors_path);
-    } catch (const Error& e) {
-      throw UsageError(e.what());  // a bad file the caller named, not a failure of the run
-    }
-    rep.same_run_source = anchors->source;
-  }
+  if (anchors) rep.same_run_source = anchors->source;
   Runner runner(options, info, anchors ? &*anchors : nullptr);
   rep.ceilings = runner.measure_ceilings();
   if (!options.calibrate_path.empty()) return run_calibration(runner, rep, options);
@@ -904,7 +896,7 @@ int run_bench(const Options& options) {
   return all_ok ? 0 : kExitRuntime;
 }
 #else
-int run_bench(const Options&) {
+int run_bench(const Options&, const std::optional<SameRunAnchors>&) {
   throw RuntimeFailure("this build has no CUDA backend (configure with -DDSMLA_ENABLE_CUDA=ON)");
 }
 #endif

@@ -2,7 +2,9 @@
 #include "bench/workloads.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -176,26 +178,98 @@ std::optional<Anchor> anchor_for(What what, const Work& w) {
   return std::nullopt;
 }
 
+namespace {
+// `key` of object `j` as a positive int, or 0 when absent, not an integer or out of range.
+int positive_int(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number_integer()) return 0;
+  const std::int64_t x = j[key].get<std::int64_t>();  // an unsigned value past INT64_MAX wraps negative
+  return x >= 1 && x <= INT32_MAX ? static_cast<int>(x) : 0;
+}
+
+// The GPU and library versions an anchors file names, after its path (plain
+// values only: dump() of a deeply nested array would recurse without bound).
+std::string describe_env(const nlohmann::json& doc, std::initializer_list<const char*> keys) {
+  std::string text;
+  if (!doc.contains("env") || !doc["env"].is_object()) return text;
+  const nlohmann::json& env = doc["env"];
+  for (const char* key : keys)
+    if (env.contains(key) && env[key].is_primitive()) text += std::string(", ") + key + " " + env[key].dump();
+  return text;
+}
+
+// bench/paired.py --json: rows {kind, S or B, H, medians_ms {contender: ms}}
+// (a workload that failed has an error instead); the anchors are its
+// FlashMLA, FA3 and cuDNN contenders.
+void read_paired_rows(const nlohmann::json& rows, std::map<std::string, double>& ms) {
+  static const std::map<std::string, std::map<std::string, std::string>> kAnchorNames = {
+      {"prefill", {{"FlashMLA", "flashmla_sparse_prefill"}}},
+      {"decode", {{"FlashMLA", "flashmla_fp8_decode"}}},
+      {"dense", {{"FA3", "fa3_dense"}, {"cuDNN", "cudnn_dense"}}}};
+  for (const nlohmann::json& row : rows) {
+    if (!row.is_object() || !row.contains("kind") || !row["kind"].is_string() || !row.contains("medians_ms") ||
+        !row["medians_ms"].is_object())
+      continue;
+    const auto kind = kAnchorNames.find(row["kind"].get<std::string>());
+    if (kind == kAnchorNames.end()) continue;
+    const int size = positive_int(row, kind->first == "decode" ? "B" : "S"), heads = positive_int(row, "H");
+    if (size == 0 || heads == 0) continue;
+    const std::string shape = " " + std::to_string(size) + " " + std::to_string(heads);
+    const nlohmann::json& medians = row["medians_ms"];
+    for (const auto& [contender, name] : kind->second) {
+      if (medians.contains(contender) && medians[contender].is_number() && medians[contender].get<double>() > 0)
+        ms[name + shape] = medians[contender].get<double>();
+    }
+  }
+}
+
+// ../shared/anchors/anchors_bench.py --json: rows {what, S or B, H, time, unit}.
+void read_anchor_bench_rows(const nlohmann::json& rows, std::map<std::string, double>& ms) {
+  for (const nlohmann::json& row : rows) {
+    if (!row.is_object() || !row.contains("what") || !row["what"].is_string() || !row.contains("time") ||
+        !row["time"].is_number())
+      continue;
+    const int size = row.contains("S") ? positive_int(row, "S") : positive_int(row, "B"), heads = positive_int(row, "H");
+    if (size == 0 || heads == 0) continue;
+    const double scale = row.value("unit", std::string("ms")) == "us" ? 1e-3 : 1.0;
+    ms[row["what"].get<std::string>() + " " + std::to_string(size) + " " + std::to_string(heads)] =
+        row["time"].get<double>() * scale;
+  }
+}
+
+// A paired.py file: any row carries a kind or medians (its first may be a failed workload).
+bool is_paired_file(const nlohmann::json& rows) {
+  return std::any_of(rows.begin(), rows.end(), [](const nlohmann::json& row) {
+    return row.is_object() && (row.contains("medians_ms") || row.contains("kind"));
+  });
+}
+}  // namespace
+
 SameRunAnchors load_same_run_anchors(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error("--anchors '" + path + "': cannot be opened");
   const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("rows") || !doc["rows"].is_array())
-    throw Error("--anchors '" + path + "': not an anchors_bench.py --json file (no \"rows\" array)");
+    throw Error("--anchors '" + path +
+                "': not an anchors_bench.py or bench/paired.py --json file (no \"rows\" array)");
+  const nlohmann::json& rows = doc["rows"];
   SameRunAnchors a;
-  a.source = path;
-  if (doc.contains("env") && doc["env"].is_object()) {
-    const nlohmann::json& env = doc["env"];
-    for (const char* key : {"gpu", "flashmla", "fa3", "cudnn"})
-      if (env.contains(key)) a.source += std::string(", ") + key + " " + env[key].dump();
-  }
-  for (const nlohmann::json& row : doc["rows"]) {
-    if (!row.is_object() || !row.contains("what") || !row.contains("time") || !row.contains("H")) continue;
-    const std::string what = row["what"].get<std::string>();
-    const double scale = row.value("unit", std::string("ms")) == "us" ? 1e-3 : 1.0;
-    const int size = row.contains("S") ? row["S"].get<int>() : row.contains("B") ? row["B"].get<int>() : -1;
-    if (size < 0 || !row["time"].is_number()) continue;
-    a.ms[what + " " + std::to_string(size) + " " + std::to_string(row["H"].get<int>())] = row["time"].get<double>() * scale;
+  try {
+    if (is_paired_file(rows)) {
+      read_paired_rows(rows, a.ms);
+      const bool host_inclusive = doc.contains("env") && doc["env"].is_object() && doc["env"].contains("timing") &&
+                                  doc["env"]["timing"] == "host-inclusive";
+      a.source = path + describe_env(doc, {"gpu", "date", "tree"}) +
+                 (host_inclusive ? ", each sample from an idle GPU (bench/paired.py --host-inclusive)"
+                                 : ", GPU time with the launch path hidden (bench/paired.py)");
+    } else {
+      read_anchor_bench_rows(rows, a.ms);
+      a.source = path + describe_env(doc, {"gpu", "flashmla", "fa3", "cudnn"}) +
+                 ", each sample from an idle GPU (anchors_bench.py): the decode anchors include FlashMLA's "
+                 "Python launch path, tens of microseconds, so the decode ratios favour dsmla (bench/paired.py "
+                 "--json gives GPU time)";
+    }
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    throw Error("--anchors '" + path + "': malformed row (" + e.what() + ")");
   }
   if (a.ms.empty()) throw Error("--anchors '" + path + "': no usable rows");
   return a;

@@ -162,11 +162,15 @@ struct Anchor {
 };
 std::optional<Anchor> anchor_for(What what, const Work& w);
 
-// The anchors timed in the same device call by ../shared/anchors/anchors_bench.py
-// (its --json: rows of {what, unit, time, S, H} / {what, unit, time, B, H, ctx}),
-// keyed "<what> <S or B> <H>", in ms.
+// The anchors timed in the same device call, keyed "<what> <S or B> <H>" in ms
+// (what: flashmla_sparse_prefill, flashmla_fp8_decode, fa3_dense, cudnn_dense),
+// from either file: bench/paired.py --json (rows {kind, S or B, H, medians_ms};
+// GPU time, the launch path hidden: preferred) or
+// ../shared/anchors/anchors_bench.py --json (rows {what, unit, time, S or B, H};
+// each sample from an idle GPU, which puts FlashMLA's Python launch path into
+// the microsecond decode rows).
 struct SameRunAnchors {
-  std::string source;  // the file, and the GPU / versions it names
+  std::string source;  // the file, the GPU / versions it names and how it timed
   std::map<std::string, double> ms;
 };
 // Throws Error naming the file and the problem.

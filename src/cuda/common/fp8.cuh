@@ -76,8 +76,7 @@ __device__ __forceinline__ float warp_e4m3_scale(const float v[4]) {
   float amax = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; ++k) amax = fmaxf(amax, fabsf(v[k]));
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  amax = softmax::warp_max(amax);
   return fmaxf(__fdiv_rn(amax, 448.f), FLT_MIN);
 }
 
