@@ -8,6 +8,7 @@
 
 #include "common/env.hpp"
 #include "cuda/common/launch.hpp"
+#include "cuda/common/softmax.cuh"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "cuda/sparse_mla/kernel_args.hpp"
 #include "plan/sparse_split.hpp"
@@ -45,16 +46,16 @@ __device__ __forceinline__ void merge_partials(const float* __restrict__ part_ls
   constexpr float kEmpty = -1.f;  // the weight of an empty partial (a real one is >= 0)
   constexpr int kLoadsInFlight = 4;
   __shared__ float weights[kCombineThreads];
-  __shared__ float warp_max[kWarps];
+  __shared__ float warps_max[kWarps];
   const int tid = threadIdx.x;
   // The largest lse; each thread keeps the one it read for the first pass.
   const float own_lse = tid < n ? part_lse[row_of(tid)] : -INFINITY;
   float lse_max = fmaxf(-INFINITY, own_lse);  // as before, a NaN lse never becomes the max
   for (int s = tid + kCombineThreads; s < n; s += kCombineThreads) lse_max = fmaxf(lse_max, part_lse[row_of(s)]);
-  for (int offset = 16; offset > 0; offset /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, offset));
-  if (tid % 32 == 0) warp_max[tid / 32] = lse_max;
+  lse_max = softmax::warp_max(lse_max);
+  if (tid % 32 == 0) warps_max[tid / 32] = lse_max;
   __syncthreads();
-  for (int w = 0; w < kWarps; ++w) lse_max = fmaxf(lse_max, warp_max[w]);
+  for (int w = 0; w < kWarps; ++w) lse_max = fmaxf(lse_max, warps_max[w]);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float weight_sum = 0.f;
