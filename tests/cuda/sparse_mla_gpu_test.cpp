@@ -431,6 +431,24 @@ INSTANTIATE_TEST_SUITE_P(Modes, SparseMlaSchedules,
                                   (std::get<3>(info.param) == 0 ? "_41x1024" : "_200x256");
                          });
 
+// The merge reads a row's partials kCombineThreads (128) at a time
+// (sparse_mla.cu): more than that only where the balanced schedule, forced,
+// cuts one row over every lane. One token whose top-k of 9000 (141 key
+// blocks) the unpaired kernel's lanes share, one lane a multiprocessor: 132
+// partials on an H100 / H200, two passes of the merge. Then only the first
+// 4000 keys valid, so that the lanes past them leave empty partials.
+TEST(SparseMlaMergePasses, OneRowOverEveryLane) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  int sm_count = 0;
+  DSMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  if (sm_count <= 128) GTEST_SKIP() << "needs more than 128 multiprocessors, has " << sm_count;
+  constexpr int kTopk = 9000;
+  for (int valid : {kTopk, 4000}) {
+    const Problem pr = make_problem(64, kTopk, kVariants[0], {valid}, {0.2}, 4242u + valid);
+    expect_matches(pr, run_gpu(pr, SparseSplitMode::balanced), reference(pr));
+  }
+}
+
 // ---------------------------------------------------------------- contract
 
 TEST(SparseMlaContract, SplitNeedsWorkspace) {
