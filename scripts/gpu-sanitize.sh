@@ -53,11 +53,12 @@ fi
 # The warp-specialised sparse kernel (every cache format; heads as rows at H 64 / 128, keys
 # as rows at H 16 / 32): few tokens (split-KV), and more items than multiprocessors
 # (persistent CTAs, producer running ahead); under the sanitizers also the balanced
-# schedule (lanes cutting rows, paired and not, and its merge).
+# schedule (lanes cutting rows, paired and not, and its merge), and a merge of 132
+# partials in two passes.
 sparse_ws='*SparseMlaFewTokens*H64_topk128_*:*SparseMlaFewTokens*H128_topk2560_*'
 sparse_ws+=':*SparseMlaFewTokens*H16_topk128_*:*SparseMlaFewTokens*H32_topk2560_*'
 if want sparse; then
-  run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*:*SparseMlaManyTokens*H16_*:*SparseMlaSchedules*balanced_200x256"
+  run memcheck test_gpu_cuda "$sparse_ws:*SparseMlaManyTokens*H64_*:*SparseMlaManyTokens*H16_*:*SparseMlaSchedules*balanced_200x256:*SparseMlaMergePasses*"
   run racecheck test_gpu_cuda "$sparse_ws:*SparseMlaSchedules*H128_fp8_ds_mla_balanced_41x1024:*SparseMlaSchedules*H32_*_balanced_41x1024"
   run synccheck test_gpu_cuda "$sparse_ws:*SparseMlaSchedules*H128_fp8_ds_mla_balanced_41x1024:*SparseMlaSchedules*H32_*_balanced_41x1024"
   # Keys as rows at 32 heads too (DSMLA_SPARSE_KEY_ROWS=1: the warpgroups split the keys,
