@@ -15,7 +15,8 @@
 // --fence-probe: only the probe of fence_probe.cuh (does the fp8 producer's
 // proxy fence wait for its loads in flight?), no cases.
 // --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
-// H128 B128"), so a profiler sees one case's launches.
+// H128 B128"), so a profiler sees one case's launches; TEXT ending in '$': only
+// the case whose name ends so ("H128 B1$" is batch 1 only, not 16 or 128).
 //
 // Cases (ANCHORS.md): prefill = 16384 tokens in causal sequences of S,
 // token at position p attends to min(p + 1, topk) positions of its sequence,
@@ -426,7 +427,12 @@ int main(int argc, char** argv) {
   }
   if (!only.empty())
     cases.erase(std::remove_if(cases.begin(), cases.end(),
-                               [&](const Case& c) { return c.name.find(only) == std::string::npos; }),
+                               [&](const Case& c) {
+                                 if (only.back() != '$') return c.name.find(only) == std::string::npos;
+                                 const std::string tail = only.substr(0, only.size() - 1);
+                                 return !(c.name.size() >= tail.size() &&
+                                          c.name.compare(c.name.size() - tail.size(), tail.size(), tail) == 0);
+                               }),
                 cases.end());
   std::vector<Result> results;
   for (const Case& c : cases) results.push_back(run_case(c, 5, 30));
