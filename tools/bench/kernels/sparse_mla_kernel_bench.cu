@@ -425,15 +425,20 @@ int main(int argc, char** argv) {
     cases.push_back(decode_case(CacheFormat::bf16, 128, 64, 8192, 2048, 0));
     cases.push_back(decode_case(CacheFormat::fp8, 128, 64, 8192, 2048, 0));
   }
-  if (!only.empty())
-    cases.erase(std::remove_if(cases.begin(), cases.end(),
-                               [&](const Case& c) {
-                                 if (only.back() != '$') return c.name.find(only) == std::string::npos;
-                                 const std::string tail = only.substr(0, only.size() - 1);
-                                 return !(c.name.size() >= tail.size() &&
-                                          c.name.compare(c.name.size() - tail.size(), tail.size(), tail) == 0);
-                               }),
+  if (!only.empty()) {
+    const bool whole_tail = only.back() == '$';
+    const std::string text = whole_tail ? only.substr(0, only.size() - 1) : only;
+    auto selected = [&](const std::string& name) {
+      if (!whole_tail) return name.find(text) != std::string::npos;
+      return name.size() >= text.size() && name.compare(name.size() - text.size(), text.size(), text) == 0;
+    };
+    cases.erase(std::remove_if(cases.begin(), cases.end(), [&](const Case& c) { return !selected(c.name); }),
                 cases.end());
+    if (cases.empty()) {
+      std::fprintf(stderr, "--case '%s' matches no case of this list\n", only.c_str());
+      return 2;
+    }
+  }
   std::vector<Result> results;
   for (const Case& c : cases) results.push_back(run_case(c, 5, 30));
   std::printf("\n| case | us | TFLOP/s | FlashMLA us | check |\n|---|---|---|---|---|\n");
