@@ -111,7 +111,9 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         keys.template load<kLo>(w, slots[0]);
         keys.template load<kHi>(w, slots[0]);
       }
-      std::int32_t ahead[2][kRowsPerThread];
+      // The next round's slots (written while there is one; zero otherwise, which
+      // the last round's unchained buffer-1 gather selects but never loads from).
+      std::int32_t ahead[2][kRowsPerThread] = {};
       // The half as a template argument, the buffer at run time (experiment:
       // one copy of each half's code). `next` issues the chained loads (or
       // nothing).
