@@ -22,6 +22,14 @@ int pairing_setting() {
   return value;
 }
 
+// DSMLA_SPARSE_HEAD_ROLES (read once): unset or 1 runs unpaired fp8 caches
+// with heads as rows on the roles consumers (experiment, exp/h64-roles), 0 on
+// the consumers that share each round's two blocks.
+bool unpaired_head_roles() {
+  static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_HEAD_ROLES", {"0", "1"}) != 0;
+  return value;
+}
+
 // Which consumers run `num_heads` heads over a `format` cache: the host rule
 // (plan_sparse_consumers) unless DSMLA_SPARSE_KEY_ROWS says otherwise at 16
 // and 32 heads: 0 heads as rows, 1 keys split, 2 keys split at 16 heads and
@@ -114,6 +122,7 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
   }
   if constexpr (F != CacheFormat::bf16) {
     if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
+    if (unpaired_head_roles()) return launch<F, false, 0, false, true>(args, items, stream);
   }
   return launch<F, false>(args, items, stream);
 }

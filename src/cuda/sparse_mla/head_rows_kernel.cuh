@@ -26,12 +26,17 @@ __device__ __forceinline__ void sync_all() {
 // heads (key_rows_consumer.cuh), with the same producer; 0: heads as rows.
 // kHeadHalves: those consumers split the CTA's 32 heads between the
 // warpgroups instead of the keys (key_rows_consumer.cuh, "heads split");
-// kRoles: by roles (key_rows_roles_consumer.cuh).
+// kRoles: by roles (key_rows_roles_consumer.cuh), or with heads as rows the
+// paired kernel's roles unpaired (head_rows_roles_consumer.cuh; fp8 caches:
+// warpgroup 1 only does P V, which leaves the producer 112 registers).
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
-  static_assert(kKeyRows || (!kHeadHalves && !kRoles), "heads split and roles are modes of the keys-as-rows consumers");
+  static_assert(kKeyRows || !kHeadHalves, "heads split is a mode of the keys-as-rows consumers");
+  static_assert(kKeyRows || !kRoles || kFp8, "heads-as-rows roles: fp8 caches (the paired kernel's consumers)");
+  // The heads-as-rows roles consumers: always paired, and unpaired by request.
+  constexpr bool kHeadRoles = !kKeyRows && (kPaired || kRoles);
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
@@ -49,10 +54,10 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       for (int h = 0; h < 2; ++h) {
         pl::init(bars.full(b, h), KeyGather<F, kPaired>::full_arrivals(h));
         // Paired: the roles' readers, and one more arrival per warp of the peer's.
-        const int readers = kRoles      ? key_rows_roles_empty_arrivals(h)
-                            : kKeyRows  ? key_rows_empty_arrivals(kHeadHalves)
-                            : kPaired   ? roles_empty_arrivals(h)
-                                        : empty_arrivals(b, h);
+        const int readers = kKeyRows && kRoles ? key_rows_roles_empty_arrivals(h)
+                            : kKeyRows           ? key_rows_empty_arrivals(kHeadHalves)
+                            : kHeadRoles         ? roles_empty_arrivals(h)
+                                                 : empty_arrivals(b, h);
         pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
@@ -66,15 +71,15 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   sync_all<kPaired>();
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
-    pl::shrink_registers<kPaired ? kRolesProducerRegs : kProducerRegs<kFp8>>();
+    pl::shrink_registers<kHeadRoles ? kRolesProducerRegs : kProducerRegs<kFp8>>();
     Peer peer{0, nullptr, nullptr};
     if constexpr (kPaired) {
       peer.rank = pair_rank();
       peer.smem = pl::peer_pointer(smem, 1 - peer.rank);
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
-    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows>(args, bars, smem, peer);
-  } else if constexpr (kRoles) {
+    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows, kHeadRoles>(args, bars, smem, peer);
+  } else if constexpr (kKeyRows && kRoles) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsRolesConsumer<0, kKeyRowHeads>(bars, smem).run(args);
     else KeyRowsRolesConsumer<1, kKeyRowHeads>(bars, smem).run(args);
@@ -82,13 +87,13 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
     else KeyRowsConsumer<1, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
-  } else if constexpr (kPaired) {
+  } else if constexpr (kHeadRoles) {
     if (wg == 0) {
       pl::grow_registers<kRolesRegs0>();
-      RolesConsumer<0>(bars, smem).run(args);
+      RolesConsumer<0, kPaired>(bars, smem).run(args);
     } else {
       pl::grow_registers<kRolesRegs1>();
-      RolesConsumer<1>(bars, smem).run(args);
+      RolesConsumer<1, kPaired>(bars, smem).run(args);
     }
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs<kFp8>>();

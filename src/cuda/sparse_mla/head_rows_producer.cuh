@@ -13,7 +13,10 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // loads as soon as the last S of the current one is done. kQueryRows: the
 // rows of the query tile the consumers read (the keys-as-rows consumers read
 // only their heads' and keep their output in the rows past them).
-template <CacheFormat F, bool kPaired, int kQueryRows = kRows>
+// kBlockOrder: the halves in block order (0 lo, 0 hi, 1 lo, 1 hi), the order
+// the roles consumers (head_rows_roles_consumer.cuh) read them; always so
+// when paired.
+template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kBlockOrder = kPaired>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -80,7 +83,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       }
     };
     auto write_valid = [&]<int b, int half>() {
-      if constexpr (half == first_half(b)) write_flags.template operator()<b>();
+      if constexpr (half == (kBlockOrder ? kLo : first_half(b))) write_flags.template operator()<b>();
     };
     // After an item's last round: the next busy item (into pos_ahead /
     // count_ahead) and the slots of its first round (-1 without one).
@@ -191,15 +194,23 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 
       for (int r = 0; r < w.rounds; ++r, ++round) {
         // The order the consumers free them (head_rows_consumer.cuh, the
-        // products of a round): 0 lo, 0 hi, 1 hi, 1 lo.
+        // products of a round): 0 lo, 0 hi, 1 hi, 1 lo; the roles consumers
+        // read and free them in block order.
         const bool more = r + 1 < w.rounds;
-        gather.template operator()<0, kLo, 0, kHi>(true);
-        gather.template operator()<0, kHi, 1, kHi>(true);
-        gather.template operator()<1, kHi, 1, kLo>(true);
+        if constexpr (kBlockOrder) {
+          gather.template operator()<0, kLo, 0, kHi>(true);
+          gather.template operator()<0, kHi, 1, kLo>(true);
+          gather.template operator()<1, kLo, 1, kHi>(true);
+        } else {
+          gather.template operator()<0, kLo, 0, kHi>(true);
+          gather.template operator()<0, kHi, 1, kHi>(true);
+          gather.template operator()<1, kHi, 1, kLo>(true);
+        }
         // Buffer 0's slots of the next round, needed by the chained loads of the
         // last gather; the next item's (after the round) are not chained.
         if (more) load_slots(w, 0, 2 * (r + 1));
-        gather.template operator()<1, kLo, 0, kLo>(more);
+        if constexpr (kBlockOrder) gather.template operator()<1, kHi, 0, kLo>(more);
+        else gather.template operator()<1, kLo, 0, kLo>(more);
         if (more) {
           load_slots(w, 1, 2 * (r + 1) + 1);
         } else {

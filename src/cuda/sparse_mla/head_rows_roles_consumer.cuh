@@ -53,9 +53,11 @@ static_assert(roles_smem_p(0) == kSmemP0);
 // released it, i.e. after warpgroup 1 read alpha_i.
 inline constexpr int kSmemAlpha = kSmemMax;
 
-template <int kWg>
-struct RolesConsumer : Consumer<kWg, true> {
-  using Base = Consumer<kWg, true>;
+// kPaired: in the paired kernel (as designed); unpaired, the same roles over
+// one CTA's own gathers (the producer then also stores blocks in order).
+template <int kWg, bool kPaired = true>
+struct RolesConsumer : Consumer<kWg, kPaired> {
+  using Base = Consumer<kWg, kPaired>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
   using Base::row, Base::release, Base::issue_s, Base::mask_max, Base::rescale_o,
       Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
