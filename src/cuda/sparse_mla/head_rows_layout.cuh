@@ -79,8 +79,9 @@ inline constexpr int kLoBlocks = 4;  // dims [0, 256): the value columns of warp
 enum Half : int { kLo = 0, kHi = 1 };
 __host__ __device__ constexpr int empty_arrivals(int buffer, int half) { return buffer == half ? 128 : 256; }
 // The half of key buffer `buffer` that the unpaired producer fills first in
-// a round (its order: 0 lo, 0 hi, 1 hi, 1 lo), with the buffer's valid flags,
-// and that S reads first.
+// a round (its order for the shared-round consumers: 0 lo, 0 hi, 1 hi, 1 lo),
+// with the buffer's valid flags, and that S reads first (the roles consumers
+// read both buffers lo first: block order, head_rows_producer.cuh).
 __host__ __device__ constexpr int first_half(int buffer) { return buffer == 0 ? kLo : kHi; }
 
 // Named barriers between the consumer warpgroups (ids for pipeline::named_*).

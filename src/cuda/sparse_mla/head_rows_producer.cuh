@@ -72,8 +72,9 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     // With the first half of a buffer that S reads, its keys' valid flags
     // (the consumers read them after S, before releasing that half): the
     // first thread of each row writes its rows' flags. write_valid is the
-    // unpaired order (buffer 0: lo, buffer 1: hi); paired, S reads lo first
-    // in both buffers.
+    // unpaired order (buffer 0: lo, buffer 1: hi), or in block order lo in
+    // both buffers (the roles consumers' S reads lo first; paired, the
+    // paired branch below writes them itself).
     auto write_flags = [&]<int b>() {
       if (t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
