@@ -269,7 +269,7 @@ struct KeyGather<F, true> {
   // Half `half` of key buffer b from register slot `half`; then next() (once
   // the slot's registers are free: it issues the next loads into them), the
   // fence, and the arrival on `full` (thread 0 with the peer's bytes). The
-  // buffer is a run-time index (experiment: one copy of the code for both).
+  // buffer is a run-time index: one copy of the code serves both.
   template <int half, class Next>
   __device__ __forceinline__ void store(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread], int b,
                                         std::uint8_t* smem, pl::Mbarrier* full, Next&& next) {

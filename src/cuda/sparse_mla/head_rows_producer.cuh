@@ -73,18 +73,19 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     // (the consumers read them after S, before releasing that half): the
     // first thread of each row writes its rows' flags. write_valid is the
     // unpaired order (buffer 0: lo, buffer 1: hi), or in block order lo in
-    // both buffers (the roles consumers' S reads lo first; paired, the
-    // paired branch below writes them itself).
-    auto write_flags = [&]<int b>() {
+    // both buffers (the roles consumers' S reads lo first; the paired round
+    // below calls write_flags itself). `b` is a run-time index in the paired
+    // round, a constant unpaired.
+    auto write_flags = [&](int b, const std::int32_t (&buffer_slots)[kRowsPerThread]) {
       if (t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
         for (int i = 0; i < kRowsPerThread; ++i)
-          smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(slots[b][i]) >= 0;
+          smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(buffer_slots[i]) >= 0;
         pl::arrive(bars.valid(b));
       }
     };
     auto write_valid = [&]<int b, int half>() {
-      if constexpr (half == (kBlockOrder ? kLo : first_half(b))) write_flags.template operator()<b>();
+      if constexpr (half == (kBlockOrder ? kLo : first_half(b))) write_flags(b, slots[b]);
     };
     // After an item's last round: the next busy item (into pos_ahead /
     // count_ahead) and the slots of its first round (-1 without one).
@@ -118,21 +119,14 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // The next round's slots (written while there is one; zero otherwise, which
       // the last round's unchained buffer-1 gather selects but never loads from).
       std::int32_t ahead[2][kRowsPerThread] = {};
-      // The half as a template argument, the buffer at run time (experiment:
-      // one copy of each half's code). `next` issues the chained loads (or
-      // nothing).
+      // The half as a template argument, the buffer at run time (one copy of
+      // each half's code: NOTES.md, "The rope, rolled and merge branches
+      // measured"). `next` issues the chained loads (or nothing).
       std::int32_t cur[kRowsPerThread], nxt[kRowsPerThread];  // buffer b's slots, and the next block's
       auto gather = [&]<int half>(int b, auto&& next) {
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
         keys.template store<half>(w, cur, b, smem, bars.full(b, half), next);
-        if constexpr (half == kLo) {
-          if (t % Gather::kThreadsPerRow == 0) {
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i)
-              smem[kSmemValid + b * kBlockKeys + keys.row(i)] = w.checked(cur[i]) >= 0;
-            pl::arrive(bars.valid(b));
-          }
-        }
+        if constexpr (half == kLo) write_flags(b, cur);
       };
       for (int r = 0; r < w.rounds; ++r, ++round) {
         const bool more = r + 1 < w.rounds;
