@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dsmla/types.hpp"
+#include "plan/plan_checks.hpp"
 
 namespace dsmla {
 namespace {
@@ -74,6 +75,17 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
   }
   if (mode == SparseSplitMode::equal) return equal;  // whole when no split fits the cap
   return equal_cost <= kMinSplitGain * waves(1) * (max_blocks + kItemOverheadBlocks) ? equal : whole;
+}
+
+SparseSplit plan_sparse_equal_split(int topk, int blocks_per_split) {
+  const int max_blocks = std::max(1, (topk + kSparseTileKeys - 1) / kSparseTileKeys);
+  if (blocks_per_split < 1) plan_detail::fail("sparse split: blocks_per_split ", blocks_per_split, " is not >= 1");
+  if (blocks_per_split >= max_blocks) return SparseSplit{1, max_blocks * kSparseTileKeys, 0};
+  const int splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
+  if (splits > kSparseMaxSplits)
+    plan_detail::fail("sparse split: blocks_per_split ", blocks_per_split, " at topk ", topk, " needs ", splits,
+                      " splits (at most ", kSparseMaxSplits, ")");
+  return SparseSplit{splits, blocks_per_split * kSparseTileKeys, 0};
 }
 
 bool plan_sparse_pairing(CacheFormat format, int num_heads) {

@@ -50,6 +50,12 @@ enum class SparseSplitMode {
 SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors,
                               SparseSplitMode mode = SparseSplitMode::automatic);
 
+// The equal split of `blocks_per_split` key blocks an item (whole items when
+// that covers the top-k range), for measuring one split count against another
+// (DSMLA_SPARSE_SPLIT_BLOCKS, src/cuda/sparse_mla/sparse_mla.cu). Throws an
+// Error naming the value when it is < 1 or needs more than kSparseMaxSplits.
+SparseSplit plan_sparse_equal_split(int topk, int blocks_per_split);
+
 // Bytes of the merge workspace for that split: part_lse, a float per partial
 // row (aligned to kWorkspaceAlignment), then part_o, 512 floats per row.
 // Rows: equal splits [splits, tokens, heads], balanced [2 x balanced_ctas,

@@ -99,6 +99,25 @@ TEST(SparseSplit, ForcedModes) {
   EXPECT_EQ(plan_sparse_split(80, 128, 64, kH200Multiprocessors, SparseSplitMode::balanced).balanced_ctas, 0);
 }
 
+TEST(SparseSplit, ForcedBlocksPerSplit) {
+  const SparseSplit four = plan_sparse_equal_split(2048, 4);
+  EXPECT_EQ(four.num_splits, 8);
+  EXPECT_EQ(four.split_keys, 4 * kSparseTileKeys);
+  EXPECT_EQ(four.balanced_ctas, 0);
+  // A partial last split: 2000 keys are 32 blocks, three per split.
+  EXPECT_EQ(plan_sparse_equal_split(2000, 3).num_splits, 11);
+  // Whole items once a split covers the range.
+  EXPECT_EQ(plan_sparse_equal_split(2048, 32).num_splits, 1);
+  EXPECT_EQ(plan_sparse_equal_split(2048, 40).split_keys, 32 * kSparseTileKeys);
+  EXPECT_THROW(plan_sparse_equal_split(2048, 0), Error);
+  try {
+    plan_sparse_equal_split(8192, 1);  // 128 splits
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("128 splits"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SparseSplit, NoSplitForOneBlockOrNoDevice) {
   EXPECT_EQ(plan_sparse_split(1, 128, 64, kH200Multiprocessors).num_splits, 1);
   EXPECT_EQ(plan_sparse_split(1, 128, 2048, 0).num_splits, 1);

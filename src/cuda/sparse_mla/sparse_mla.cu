@@ -186,7 +186,18 @@ SparseSplitMode env_split_mode() {
   return mode;
 }
 
+// DSMLA_SPARSE_SPLIT_BLOCKS in the environment (read once): key blocks per
+// item of a forced equal split (plan_sparse_equal_split), to measure split
+// counts against each other; it overrides DSMLA_SPARSE_SPLIT.
+int env_split_blocks() {
+  static const int blocks =
+      static_cast<int>(dsmla::detail::env_integer("DSMLA_SPARSE_SPLIT_BLOCKS", 1, kSparseMaxSplits).value_or(0));
+  return blocks;
+}
+
 SparseSplit choose_split(int num_tokens, int num_heads, int topk, SparseSplitMode mode) {
+  if (mode == SparseSplitMode::automatic && env_split_blocks() > 0)
+    return plan_sparse_equal_split(topk, env_split_blocks());
   if (mode == SparseSplitMode::automatic) mode = env_split_mode();
   return plan_sparse_split(num_tokens, num_heads, topk, multiprocessor_count(), mode);
 }
