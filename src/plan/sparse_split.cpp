@@ -17,6 +17,12 @@ constexpr double kMergeCostBlocks = 1.0;
 // ~2.8 TB/s such a read reaches). The partials are written during the main
 // kernel, where those writes overlap with the products.
 constexpr double kMergeBytesPerBlock = 8.0 * 1024 * 1024;
+// Each split also costs about a tenth of a block beyond its bytes: fit to
+// the H100 (fp8_ds_mla decode, topk 2048, sparse_mla/NOTES.md "Split counts
+// at batch 1"), where 16 splits of two blocks took 0.87-0.97x the time of 32
+// splits of one at H 128 and H 64 and the bytes term alone chose 32, while
+// batch 16 kept its 4 (H 128) and 8 (H 64) splits, the measured best.
+constexpr double kSplitCostBlocks = 0.1;
 // A split must promise at least this much of the unsplit time off: the model
 // is coarse, and a split costs workspace (and a second launch).
 constexpr double kMinSplitGain = 0.9;
@@ -67,7 +73,7 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
     const std::size_t workspace = sparse_split_workspace_bytes(candidate, num_tokens, num_heads);
     if (workspace > kMaxSplitWorkspaceBytes) break;  // more splits only need more
     const double cost = waves(splits) * (blocks_per_split + kItemOverheadBlocks) + kMergeCostBlocks +
-                        static_cast<double>(workspace) / kMergeBytesPerBlock;
+                        splits * kSplitCostBlocks + static_cast<double>(workspace) / kMergeBytesPerBlock;
     if (cost < equal_cost) {
       equal_cost = cost;
       equal = candidate;

@@ -33,12 +33,14 @@ std::string split_ranges(int num_heads, int topk, int multiprocessors) {
 }
 
 // The planner's model of equal splits (sparse_split.cpp), in key blocks of an
-// item: waves x (blocks of an item + 1), plus the merge (one block and its
-// read of the partials, 8 MiB a block) when split.
+// item: waves x (blocks of an item + 1), plus the merge (one block, a tenth
+// of a block a split and its read of the partials, 8 MiB a block) when split.
 double modelled_cost(int batch, int heads, const SparseSplit& s) {
   const long items = static_cast<long>(batch) * ((heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem);
   const long waves = (items * s.num_splits + kH200Multiprocessors - 1) / kH200Multiprocessors;
-  const double merge = s.num_splits > 1 ? 1.0 + sparse_split_workspace_bytes(s, batch, heads) / (8.0 * 1024 * 1024) : 0.0;
+  const double merge = s.num_splits > 1 ? 1.0 + 0.1 * s.num_splits +
+                                              sparse_split_workspace_bytes(s, batch, heads) / (8.0 * 1024 * 1024)
+                                        : 0.0;
   return waves * (s.split_keys / kSparseTileKeys + 1.0) + merge;
 }
 
@@ -97,6 +99,15 @@ TEST(SparseSplit, ForcedModes) {
   EXPECT_EQ(plan_sparse_split(1 << 26, 128, 2048, kH200Multiprocessors, SparseSplitMode::balanced).balanced_ctas, 0);
   // Nor with one block of keys.
   EXPECT_EQ(plan_sparse_split(80, 128, 64, kH200Multiprocessors, SparseSplitMode::balanced).balanced_ctas, 0);
+}
+
+TEST(SparseSplit, MeasuredBestAtBatch1And16) {
+  // H100, fp8_ds_mla decode, topk 2048 (sparse_mla/NOTES.md "Split counts at
+  // batch 1"): 16 splits at batch 1 beat 32 and 8; at batch 16, 4 splits at
+  // H 128 and 8 at H 64 beat the neighbouring counts.
+  for (int heads : {64, 128}) EXPECT_EQ(plan_sparse_split(1, heads, 2048, kH200Multiprocessors).num_splits, 16);
+  EXPECT_EQ(plan_sparse_split(16, 128, 2048, kH200Multiprocessors).num_splits, 4);
+  EXPECT_EQ(plan_sparse_split(16, 64, 2048, kH200Multiprocessors).num_splits, 8);
 }
 
 TEST(SparseSplit, ForcedBlocksPerSplit) {
