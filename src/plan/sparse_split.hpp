@@ -41,9 +41,9 @@ enum class SparseSplitMode {
 // Automatic: while the items do not fill the multiprocessors (decode at
 // small batches), the equal split that minimises waves x key blocks per item,
 // pricing an item's fixed cost (query load, first gather, epilogue) at about
-// one key block and the merge kernel at one block plus a tenth of a block a
-// split and its read of the partials, when that promises at least a tenth off the whole-item time (and
-// the partials stay under 256 MiB); between one and four waves of whole
+// one key block and the merge kernel at one block, a tenth of a block a split
+// and its read of the partials, when that promises at least a tenth off the
+// whole-item time (and the partials stay under 256 MiB); between one and four waves of whole
 // items, balanced when the last wave would be thin (at most 22 % of the
 // multiprocessors: measured, sparse_split.cpp); else, past one wave, the same
 // equal split rule evens out the last wave. No split when topk fits one block.
