@@ -43,10 +43,11 @@ enum class SparseSplitMode {
 // pricing an item's fixed cost (query load, first gather, epilogue) at about
 // one key block and the merge kernel at one block, a tenth of a block a split
 // and its read of the partials, when that promises at least a tenth off the
-// whole-item time (and the partials stay under 256 MiB); between one and four waves of whole
-// items, balanced when the last wave would be thin (at most 22 % of the
-// multiprocessors: measured, sparse_split.cpp); else, past one wave, the same
-// equal split rule evens out the last wave. No split when topk fits one block.
+// whole-item time (and the partials stay under 256 MiB); between one and
+// four waves of whole items, balanced when the last wave would be thin (at
+// most 22 % of the multiprocessors: measured, sparse_split.cpp); else, past
+// one wave, the same equal split rule evens out the last wave. No split when
+// topk fits one block.
 SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors,
                               SparseSplitMode mode = SparseSplitMode::automatic);
 
