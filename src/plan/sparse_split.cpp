@@ -40,10 +40,13 @@ constexpr std::size_t kMaxSplitWorkspaceBytes = std::size_t{256} << 20;
 // not; nor measured there.
 constexpr double kMaxLastWaveShareForBalanced = 0.22;
 constexpr int kMaxWavesForBalanced = 4;
+
+// Key blocks of a token's top-k range (at least one).
+int topk_blocks(int topk) { return std::max(1, (topk + kSparseTileKeys - 1) / kSparseTileKeys); }
 }  // namespace
 
 SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multiprocessors, SparseSplitMode mode) {
-  const int max_blocks = std::max(1, (topk + kSparseTileKeys - 1) / kSparseTileKeys);
+  const int max_blocks = topk_blocks(topk);
   const SparseSplit whole{1, max_blocks * kSparseTileKeys, 0};
   const std::int64_t items =
       static_cast<std::int64_t>(num_tokens) * ((num_heads + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem);
@@ -84,7 +87,7 @@ SparseSplit plan_sparse_split(int num_tokens, int num_heads, int topk, int multi
 }
 
 SparseSplit plan_sparse_equal_split(int topk, int blocks_per_split) {
-  const int max_blocks = std::max(1, (topk + kSparseTileKeys - 1) / kSparseTileKeys);
+  const int max_blocks = topk_blocks(topk);
   if (blocks_per_split < 1) plan_detail::fail("sparse split: blocks_per_split ", blocks_per_split, " is not >= 1");
   if (blocks_per_split >= max_blocks) return SparseSplit{1, max_blocks * kSparseTileKeys, 0};
   const int splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;

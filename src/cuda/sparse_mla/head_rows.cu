@@ -23,8 +23,9 @@ int pairing_setting() {
 }
 
 // DSMLA_SPARSE_HEAD_ROLES (read once): unset or 1 runs unpaired fp8 caches
-// with heads as rows on the roles consumers (experiment, exp/h64-roles), 0 on
-// the consumers that share each round's two blocks.
+// with heads as rows on the roles consumers (0.89-0.97x the time at H 64,
+// NOTES.md "Session 36"), 0 on the consumers that share each round's two
+// blocks.
 bool unpaired_head_roles() {
   static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_HEAD_ROLES", {"0", "1"}) != 0;
   return value;

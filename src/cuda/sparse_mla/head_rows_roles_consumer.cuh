@@ -1,6 +1,6 @@
 // The consumer warpgroups of the paired heads-as-rows kernel (fp8 caches,
 // clusters of two CTAs; head_rows_layout.cuh), and of the unpaired one over
-// fp8 caches when kRoles (exp/h64-roles): one key block per step and
+// fp8 caches when kRoles (the default, head_rows.cu): one key block per step and
 // fixed roles, instead of the unpaired kernel's rounds of two blocks shared
 // by both warpgroups (head_rows_consumer.cuh, whose helpers and epilogue
 // this builds on). NOTES.md v18 has the design and the reasoning.

@@ -196,9 +196,10 @@ int env_split_blocks() {
 }
 
 SparseSplit choose_split(int num_tokens, int num_heads, int topk, SparseSplitMode mode) {
-  if (mode == SparseSplitMode::automatic && env_split_blocks() > 0)
-    return plan_sparse_equal_split(topk, env_split_blocks());
-  if (mode == SparseSplitMode::automatic) mode = env_split_mode();
+  if (mode == SparseSplitMode::automatic) {
+    if (const int blocks = env_split_blocks(); blocks > 0) return plan_sparse_equal_split(topk, blocks);
+    mode = env_split_mode();
+  }
   return plan_sparse_split(num_tokens, num_heads, topk, multiprocessor_count(), mode);
 }
 
