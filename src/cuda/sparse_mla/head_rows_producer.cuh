@@ -71,11 +71,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     int count_ahead = 0, pos_ahead = sched.count;
     // With the first half of a buffer that S reads, its keys' valid flags
     // (the consumers read them after S, before releasing that half): the
-    // first thread of each row writes its rows' flags. write_valid is the
-    // unpaired order (buffer 0: lo, buffer 1: hi), or in block order lo in
-    // both buffers (the roles consumers' S reads lo first; the paired round
-    // below calls write_flags itself). `b` is a run-time index in the paired
-    // round, a constant unpaired.
+    // first thread of each row writes its rows' flags. In block order (the
+    // roles consumers' S reads lo first, paired or not) that is lo in both
+    // buffers, and the round calls write_flags itself with `b` at run time;
+    // write_valid is the shared-round order (buffer 0: lo, buffer 1: hi).
     auto write_flags = [&](int b, const std::int32_t (&buffer_slots)[kRowsPerThread]) {
       if (t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
@@ -85,7 +84,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       }
     };
     auto write_valid = [&]<int b, int half>() {
-      if constexpr (half == (kBlockOrder ? kLo : first_half(b))) write_flags(b, slots[b]);
+      if constexpr (half == first_half(b)) write_flags(b, slots[b]);
     };
     // After an item's last round: the next busy item (into pos_ahead /
     // count_ahead) and the slots of its first round (-1 without one).
@@ -182,36 +181,67 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         loaded = chain;
         write_valid.template operator()<b, half>();
       };
-      auto load_slots = [&](const WorkItem& from, int b, int block) {
+      auto load_slots = [&](const WorkItem& from, std::int32_t (&into)[kRowsPerThread], int block) {
 #pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
+        for (int i = 0; i < kRowsPerThread; ++i) into[i] = from.raw_slot(block, keys.row(i));
       };
 
-      for (int r = 0; r < w.rounds; ++r, ++round) {
-        // The order the consumers free them (head_rows_consumer.cuh, the
-        // products of a round): 0 lo, 0 hi, 1 hi, 1 lo; the roles consumers
-        // read and free them in block order.
-        const bool more = r + 1 < w.rounds;
-        if constexpr (kBlockOrder) {
-          gather.template operator()<0, kLo, 0, kHi>(true);
-          gather.template operator()<0, kHi, 1, kLo>(true);
-          gather.template operator()<1, kLo, 1, kHi>(true);
-        } else {
+      if constexpr (kBlockOrder) {
+        // The roles consumers read and free the halves in block order (0 lo,
+        // 0 hi, 1 lo, 1 hi, ...): one loop over the item's blocks, the buffer
+        // at run time and the two halves static (NOTES.md, "The unpaired
+        // roles round, a loop over blocks"): half the unrolled round's code,
+        // which a CTA running few blocks fetches cold. The slots move through
+        // a window, slots[0] this block's, slots[1] the next one's (its lo
+        // half chained by this hi half), `after` the one after that, loaded
+        // a block ahead: every register the loop moves or reads was loaded a
+        // block earlier (a select or move of a fresh load waits for it).
+        std::int32_t after[kRowsPerThread];
+        const int blocks = 2 * w.rounds;
+#pragma unroll 1
+        for (int k = 0; k < blocks; ++k) {
+          const int b = k & 1;
+          if (k > 0) {
+#pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i) {
+              slots[0][i] = slots[1][i];
+              slots[1][i] = after[i];
+            }
+          }
+          if (k + 2 < blocks) load_slots(w, after, k + 2);
+          if (!loaded) keys.load(w, slots[0], kLo);
+          pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
+          keys.store(w, slots[0], kLo, b, smem, bars.full(b, kLo), [&](int i) { keys.load_unit(w, slots[0], kHi, i); });
+          write_flags(b, slots[0]);
+          const bool chain = k + 1 < blocks;
+          pl::wait(bars.empty(b, kHi), (round & 1) ^ 1);
+          keys.store(w, slots[0], kHi, b, smem, bars.full(b, kHi),
+                     [&](int i) { if (chain) keys.load_unit(w, slots[1], kLo, i); });
+          loaded = chain;
+          round += b;
+        }
+        // Slots of the next item's first round: issued now, used after the
+        // consumers release a buffer.
+        next_item_slots(pos_ahead, count_ahead);
+      } else {
+        for (int r = 0; r < w.rounds; ++r, ++round) {
+          // The order the consumers free them (head_rows_consumer.cuh, the
+          // products of a round): 0 lo, 0 hi, 1 hi, 1 lo.
+          const bool more = r + 1 < w.rounds;
           gather.template operator()<0, kLo, 0, kHi>(true);
           gather.template operator()<0, kHi, 1, kHi>(true);
           gather.template operator()<1, kHi, 1, kLo>(true);
-        }
-        // Buffer 0's slots of the next round, needed by the chained loads of the
-        // last gather; the next item's (after the round) are not chained.
-        if (more) load_slots(w, 0, 2 * (r + 1));
-        if constexpr (kBlockOrder) gather.template operator()<1, kHi, 0, kLo>(more);
-        else gather.template operator()<1, kLo, 0, kLo>(more);
-        if (more) {
-          load_slots(w, 1, 2 * (r + 1) + 1);
-        } else {
-          // Slots of the next item's first round: issued now, used after the
-          // consumers release a buffer.
-          next_item_slots(pos_ahead, count_ahead);
+          // Buffer 0's slots of the next round, needed by the chained loads of the
+          // last gather; the next item's (after the round) are not chained.
+          if (more) load_slots(w, slots[0], 2 * (r + 1));
+          gather.template operator()<1, kLo, 0, kLo>(more);
+          if (more) {
+            load_slots(w, slots[1], 2 * (r + 1) + 1);
+          } else {
+            // Slots of the next item's first round: issued now, used after the
+            // consumers release a buffer.
+            next_item_slots(pos_ahead, count_ahead);
+          }
         }
       }
     }
