@@ -194,21 +194,16 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         // which a CTA running few blocks fetches cold. The slots move through
         // a window, slots[0] this block's, slots[1] the next one's (its lo
         // half chained by this hi half), `after` the one after that, loaded
-        // a block ahead: every register the loop moves or reads was loaded a
-        // block earlier (a select or move of a fresh load waits for it).
+        // at the top of the block and moved at its end: a register read
+        // while its load may be in flight waits for every load in flight
+        // (ptxas puts the producer's global loads on one scoreboard), so
+        // nothing is read before the block's first conversion has waited.
         std::int32_t after[kRowsPerThread];
         const int blocks = 2 * w.rounds;
 #pragma unroll 1
         for (int k = 0; k < blocks; ++k) {
           const int b = k & 1;
-          if (k > 0) {
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) {
-              slots[0][i] = slots[1][i];
-              slots[1][i] = after[i];
-            }
-          }
-          if (k + 2 < blocks) load_slots(w, after, k + 2);
+          load_slots(w, after, k + 2);  // -1 past the item's keys (raw_slot)
           if (!loaded) keys.load(w, slots[0], kLo);
           pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
           keys.store(w, slots[0], kLo, b, smem, bars.full(b, kLo), [&](int i) { keys.load_unit(w, slots[0], kHi, i); });
@@ -219,6 +214,11 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
                      [&](int i) { if (chain) keys.load_unit(w, slots[1], kLo, i); });
           loaded = chain;
           round += b;
+#pragma unroll
+          for (int i = 0; i < kRowsPerThread; ++i) {
+            slots[0][i] = slots[1][i];
+            slots[1][i] = after[i];
+          }
         }
         // Slots of the next item's first round: issued now, used after the
         // consumers release a buffer.
