@@ -10,7 +10,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("ab", ".anchors/anchors_bench.py")
 ab = importlib.util.module_from_spec(spec); spec.loader.exec_module(ab)
 SWEEP = {128: [1, 16, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192],
-         64: [1, 16, 64, 96, 112, 128, 144, 160, 192, 256]}
+         64: [1, 4, 8, 16, 20, 24, 32, 40, 48, 64, 96, 112, 128, 144, 160, 192, 256]}
 for H, batches in SWEEP.items():
     for B in batches:
         us, tflops = ab.flashmla_decode(B, H)

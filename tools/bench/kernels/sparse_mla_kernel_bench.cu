@@ -389,7 +389,7 @@ int main(int argc, char** argv) {
   if (decode_sweep) {
     for (int batch : {1, 16, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192})
       cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 128, batch, 8192, 2048, 0));
-    for (int batch : {1, 16, 64, 96, 112, 128, 144, 160, 192, 256})
+    for (int batch : {1, 4, 8, 16, 20, 24, 32, 40, 48, 64, 96, 112, 128, 144, 160, 192, 256})
       cases.push_back(decode_case(CacheFormat::fp8_ds_mla, 64, batch, 8192, 2048, 0));
   } else if (small_heads) {
     // Issue 7's and 8's small-head rows (bench/kernel_ratios.py sets them
