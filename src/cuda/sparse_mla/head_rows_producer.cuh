@@ -15,8 +15,9 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // only their heads' and keep their output in the rows past them).
 // kBlockOrder: the halves in block order (0 lo, 0 hi, 1 lo, 1 hi), the order
 // the roles consumers (head_rows_roles_consumer.cuh) read them; always so
-// when paired.
-template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kBlockOrder = kPaired>
+// when paired. kBlockLoop (unpaired block order only): one loop over an
+// item's blocks instead of unrolled rounds of two (below).
+template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kBlockOrder = kPaired, bool kBlockLoop = false>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -71,10 +72,11 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     int count_ahead = 0, pos_ahead = sched.count;
     // With the first half of a buffer that S reads, its keys' valid flags
     // (the consumers read them after S, before releasing that half): the
-    // first thread of each row writes its rows' flags. In block order (the
-    // roles consumers' S reads lo first, paired or not) that is lo in both
-    // buffers, and the round calls write_flags itself with `b` at run time;
-    // write_valid is the shared-round order (buffer 0: lo, buffer 1: hi).
+    // first thread of each row writes its rows' flags. write_valid is the
+    // unpaired order (buffer 0: lo, buffer 1: hi), or in block order lo in
+    // both buffers (the roles consumers' S reads lo first; the paired round
+    // and the block loop call write_flags themselves). `b` is a run-time
+    // index in the paired round and the block loop, a constant otherwise.
     auto write_flags = [&](int b, const std::int32_t (&buffer_slots)[kRowsPerThread]) {
       if (t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
@@ -84,7 +86,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       }
     };
     auto write_valid = [&]<int b, int half>() {
-      if constexpr (half == first_half(b)) write_flags(b, slots[b]);
+      if constexpr (half == (kBlockOrder ? kLo : first_half(b))) write_flags(b, slots[b]);
     };
     // After an item's last round: the next busy item (into pos_ahead /
     // count_ahead) and the slots of its first round (-1 without one).
@@ -181,17 +183,19 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         loaded = chain;
         write_valid.template operator()<b, half>();
       };
-      auto load_slots = [&](const WorkItem& from, std::int32_t (&into)[kRowsPerThread], int block) {
+      auto load_slots = [&](const WorkItem& from, int b, int block) {
 #pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i) into[i] = from.raw_slot(block, keys.row(i));
+        for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
       };
 
-      if constexpr (kBlockOrder) {
+      if constexpr (kBlockLoop) {
+        static_assert(kBlockOrder);
         // The roles consumers read and free the halves in block order (0 lo,
         // 0 hi, 1 lo, 1 hi, ...): one loop over the item's blocks, the buffer
         // at run time and the two halves static (NOTES.md, "The unpaired
         // roles round, a loop over blocks"): half the unrolled round's code,
-        // which a CTA running few blocks fetches cold. The slots move through
+        // which a CTA running few blocks fetches cold (the unrolled rounds
+        // take less time a block once warm). The slots move through
         // a window, slots[0] this block's, slots[1] the next one's (its lo
         // half chained by this hi half), `after` the one after that, loaded
         // at the top of the block and moved at its end: a register read
@@ -203,7 +207,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll 1
         for (int k = 0; k < blocks; ++k) {
           const int b = k & 1;
-          load_slots(w, after, k + 2);  // -1 past the item's keys (raw_slot)
+#pragma unroll
+          for (int i = 0; i < kRowsPerThread; ++i) after[i] = w.raw_slot(k + 2, keys.row(i));  // -1 past the keys
           if (!loaded) keys.load(w, slots[0], kLo);
           pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
           keys.store(w, slots[0], kLo, b, smem, bars.full(b, kLo), [&](int i) { keys.load_unit(w, slots[0], kHi, i); });
@@ -226,17 +231,25 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       } else {
         for (int r = 0; r < w.rounds; ++r, ++round) {
           // The order the consumers free them (head_rows_consumer.cuh, the
-          // products of a round): 0 lo, 0 hi, 1 hi, 1 lo.
+          // products of a round): 0 lo, 0 hi, 1 hi, 1 lo; the roles consumers
+          // read and free them in block order.
           const bool more = r + 1 < w.rounds;
-          gather.template operator()<0, kLo, 0, kHi>(true);
-          gather.template operator()<0, kHi, 1, kHi>(true);
-          gather.template operator()<1, kHi, 1, kLo>(true);
+          if constexpr (kBlockOrder) {
+            gather.template operator()<0, kLo, 0, kHi>(true);
+            gather.template operator()<0, kHi, 1, kLo>(true);
+            gather.template operator()<1, kLo, 1, kHi>(true);
+          } else {
+            gather.template operator()<0, kLo, 0, kHi>(true);
+            gather.template operator()<0, kHi, 1, kHi>(true);
+            gather.template operator()<1, kHi, 1, kLo>(true);
+          }
           // Buffer 0's slots of the next round, needed by the chained loads of the
           // last gather; the next item's (after the round) are not chained.
-          if (more) load_slots(w, slots[0], 2 * (r + 1));
-          gather.template operator()<1, kLo, 0, kLo>(more);
+          if (more) load_slots(w, 0, 2 * (r + 1));
+          if constexpr (kBlockOrder) gather.template operator()<1, kHi, 0, kLo>(more);
+          else gather.template operator()<1, kLo, 0, kLo>(more);
           if (more) {
-            load_slots(w, slots[1], 2 * (r + 1) + 1);
+            load_slots(w, 1, 2 * (r + 1) + 1);
           } else {
             // Slots of the next item's first round: issued now, used after the
             // consumers release a buffer.
