@@ -50,15 +50,18 @@ Consumers consumers_for(CacheFormat format, int num_heads) {
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
 }
 
-// Items of at most this many key blocks run the unpaired roles kernel whose
-// producer loops over blocks (head_rows_producer.cuh): its code, fetched cold
-// once by a CTA of few blocks, is less; warm, its blocks take longer. Session
-// 37 (H100, paired with FlashMLA): at H 64 batch 1 (2 blocks an item) 0.96x
-// and batch 16 (4 blocks) 0.87x the unrolled rounds' time; always looping,
-// batch 64 (16 blocks) 1.00x and batch 128 (32) 1.05x (sparse_mla/NOTES.md).
+// Items of at most this many key blocks may run the unpaired roles kernel
+// whose producer loops over blocks (head_rows_producer.cuh): its code,
+// fetched cold once by a CTA of few blocks, is less; warm, its blocks take
+// longer. Session 37 (H100, paired with FlashMLA): the loop for every item
+// took at H 64 batch 1 (2 blocks an item) 0.96x and batch 16 (4 blocks)
+// 0.87x the unrolled rounds' time, batch 64 (16 blocks) 1.00x and batch 128
+// (32) 1.05x (sparse_mla/NOTES.md). Only with DSMLA_SPARSE_BLOCK_LOOP=1 until
+// this dispatch has run the GPU tests and the sanitizer (the loop itself has).
 constexpr int kBlockLoopMaxBlocks = 4;
 bool few_blocks_per_item(const KernelArgs& args) {
-  if (args.lanes > 0) return false;  // balanced: the lanes' ranges cross items
+  static const bool enabled = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) == 1;
+  if (!enabled || args.lanes > 0) return false;  // balanced: the lanes' ranges cross items
   const int keys = args.num_splits > 1 ? args.split_keys : args.p.topk;
   return (keys + kTileKeys - 1) / kTileKeys <= kBlockLoopMaxBlocks;
 }
