@@ -50,10 +50,27 @@ Consumers consumers_for(CacheFormat format, int num_heads) {
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
 }
 
-template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false>
+// Items of at most this many key blocks may run the unpaired roles kernel
+// whose producer loops over blocks (head_rows_producer.cuh): its code,
+// fetched cold once by a CTA of few blocks, is less; warm, its blocks take
+// longer. Session 37 (H100, paired with FlashMLA): the loop for every item
+// took at H 64 batch 1 (2 blocks an item) 0.96x and batch 16 (4 blocks)
+// 0.87x the unrolled rounds' time, batch 64 (16 blocks) 1.00x and batch 128
+// (32) 1.05x (sparse_mla/NOTES.md). Only with DSMLA_SPARSE_BLOCK_LOOP=1 until
+// this dispatch has run the GPU tests and the sanitizer (the loop itself has).
+constexpr int kBlockLoopMaxBlocks = 4;
+bool few_blocks_per_item(const KernelArgs& args) {
+  static const bool enabled = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) == 1;
+  if (!enabled || args.lanes > 0) return false;  // balanced: the lanes' ranges cross items
+  const int keys = args.num_splits > 1 ? args.split_keys : args.p.topk;
+  return (keys + kTileKeys - 1) / kTileKeys <= kBlockLoopMaxBlocks;
+}
+
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false,
+          bool kBlockLoop = false>
 LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
-  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves, kRoles>;
+  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves, kRoles, kBlockLoop>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
@@ -123,7 +140,10 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
   }
   if constexpr (F != CacheFormat::bf16) {
     if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
-    if (unpaired_head_roles()) return launch<F, false, 0, false, true>(args, items, stream);
+    if (unpaired_head_roles()) {
+      if (few_blocks_per_item(args)) return launch<F, false, 0, false, true, true>(args, items, stream);
+      return launch<F, false, 0, false, true>(args, items, stream);
+    }
   }
   return launch<F, false>(args, items, stream);
 }

@@ -29,7 +29,10 @@ __device__ __forceinline__ void sync_all() {
 // kRoles: by roles (key_rows_roles_consumer.cuh), or with heads as rows the
 // paired kernel's roles unpaired (head_rows_roles_consumer.cuh; fp8 caches:
 // warpgroup 1 only does P V, which leaves the producer 112 registers).
-template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false>
+// kBlockLoop (unpaired heads-as-rows roles): the producer's loop over blocks
+// (head_rows_producer.cuh), for items of few blocks.
+template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false,
+          bool kBlockLoop = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
@@ -39,6 +42,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   constexpr bool kHeadRoles = !kKeyRows && (kPaired || kRoles);
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
+  static_assert(!kBlockLoop || (kHeadRoles && !kPaired), "the block loop: unpaired heads-as-rows roles only");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
   // start now: it takes multiprocessors this grid leaves idle and waits for
   // this grid to complete before it reads the partials.
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       peer.smem = pl::peer_pointer(smem, 1 - peer.rank);
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
-    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows, kHeadRoles>(args, bars, smem, peer);
+    produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows, kHeadRoles, kBlockLoop>(args, bars, smem, peer);
   } else if constexpr (kKeyRows && kRoles) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsRolesConsumer<0, kKeyRowHeads>(bars, smem).run(args);

@@ -15,8 +15,9 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // only their heads' and keep their output in the rows past them).
 // kBlockOrder: the halves in block order (0 lo, 0 hi, 1 lo, 1 hi), the order
 // the roles consumers (head_rows_roles_consumer.cuh) read them; always so
-// when paired.
-template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kBlockOrder = kPaired>
+// when paired. kBlockLoop (unpaired block order only): one loop over an
+// item's blocks instead of unrolled rounds of two (below).
+template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kBlockOrder = kPaired, bool kBlockLoop = false>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
   const int t = threadIdx.x - kConsumerThreads;
@@ -74,8 +75,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
     // first thread of each row writes its rows' flags. write_valid is the
     // unpaired order (buffer 0: lo, buffer 1: hi), or in block order lo in
     // both buffers (the roles consumers' S reads lo first; the paired round
-    // below calls write_flags itself). `b` is a run-time index in the paired
-    // round, a constant unpaired.
+    // and the block loop call write_flags themselves). `b` is a run-time
+    // index in the paired round and the block loop, a constant otherwise.
     auto write_flags = [&](int b, const std::int32_t (&buffer_slots)[kRowsPerThread]) {
       if (t % Gather::kThreadsPerRow == 0) {
 #pragma unroll
@@ -187,31 +188,73 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = from.raw_slot(block, keys.row(i));
       };
 
-      for (int r = 0; r < w.rounds; ++r, ++round) {
-        // The order the consumers free them (head_rows_consumer.cuh, the
-        // products of a round): 0 lo, 0 hi, 1 hi, 1 lo; the roles consumers
-        // read and free them in block order.
-        const bool more = r + 1 < w.rounds;
-        if constexpr (kBlockOrder) {
-          gather.template operator()<0, kLo, 0, kHi>(true);
-          gather.template operator()<0, kHi, 1, kLo>(true);
-          gather.template operator()<1, kLo, 1, kHi>(true);
-        } else {
-          gather.template operator()<0, kLo, 0, kHi>(true);
-          gather.template operator()<0, kHi, 1, kHi>(true);
-          gather.template operator()<1, kHi, 1, kLo>(true);
+      if constexpr (kBlockLoop) {
+        static_assert(kBlockOrder);
+        // The roles consumers read and free the halves in block order (0 lo,
+        // 0 hi, 1 lo, 1 hi, ...): one loop over the item's blocks, the buffer
+        // at run time and the two halves static (NOTES.md, "The unpaired
+        // roles round, a loop over blocks"): half the unrolled round's code,
+        // which a CTA running few blocks fetches cold (the unrolled rounds
+        // take less time a block once warm). The slots move through
+        // a window, slots[0] this block's, slots[1] the next one's (its lo
+        // half chained by this hi half), `after` the one after that, loaded
+        // at the top of the block and moved at its end: a register read
+        // while its load may be in flight waits for every load in flight
+        // (ptxas puts the producer's global loads on one scoreboard), so
+        // nothing is read before the block's first conversion has waited.
+        std::int32_t after[kRowsPerThread];
+        const int blocks = 2 * w.rounds;
+#pragma unroll 1
+        for (int k = 0; k < blocks; ++k) {
+          const int b = k & 1;
+#pragma unroll
+          for (int i = 0; i < kRowsPerThread; ++i) after[i] = w.raw_slot(k + 2, keys.row(i));  // -1 past the keys
+          if (!loaded) keys.load(w, slots[0], kLo);
+          pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
+          keys.store(w, slots[0], kLo, b, smem, bars.full(b, kLo), [&](int i) { keys.load_unit(w, slots[0], kHi, i); });
+          write_flags(b, slots[0]);
+          const bool chain = k + 1 < blocks;
+          pl::wait(bars.empty(b, kHi), (round & 1) ^ 1);
+          keys.store(w, slots[0], kHi, b, smem, bars.full(b, kHi),
+                     [&](int i) { if (chain) keys.load_unit(w, slots[1], kLo, i); });
+          loaded = chain;
+          round += b;
+#pragma unroll
+          for (int i = 0; i < kRowsPerThread; ++i) {
+            slots[0][i] = slots[1][i];
+            slots[1][i] = after[i];
+          }
         }
-        // Buffer 0's slots of the next round, needed by the chained loads of the
-        // last gather; the next item's (after the round) are not chained.
-        if (more) load_slots(w, 0, 2 * (r + 1));
-        if constexpr (kBlockOrder) gather.template operator()<1, kHi, 0, kLo>(more);
-        else gather.template operator()<1, kLo, 0, kLo>(more);
-        if (more) {
-          load_slots(w, 1, 2 * (r + 1) + 1);
-        } else {
-          // Slots of the next item's first round: issued now, used after the
-          // consumers release a buffer.
-          next_item_slots(pos_ahead, count_ahead);
+        // Slots of the next item's first round: issued now, used after the
+        // consumers release a buffer.
+        next_item_slots(pos_ahead, count_ahead);
+      } else {
+        for (int r = 0; r < w.rounds; ++r, ++round) {
+          // The order the consumers free them (head_rows_consumer.cuh, the
+          // products of a round): 0 lo, 0 hi, 1 hi, 1 lo; the roles consumers
+          // read and free them in block order.
+          const bool more = r + 1 < w.rounds;
+          if constexpr (kBlockOrder) {
+            gather.template operator()<0, kLo, 0, kHi>(true);
+            gather.template operator()<0, kHi, 1, kLo>(true);
+            gather.template operator()<1, kLo, 1, kHi>(true);
+          } else {
+            gather.template operator()<0, kLo, 0, kHi>(true);
+            gather.template operator()<0, kHi, 1, kHi>(true);
+            gather.template operator()<1, kHi, 1, kLo>(true);
+          }
+          // Buffer 0's slots of the next round, needed by the chained loads of the
+          // last gather; the next item's (after the round) are not chained.
+          if (more) load_slots(w, 0, 2 * (r + 1));
+          if constexpr (kBlockOrder) gather.template operator()<1, kHi, 0, kLo>(more);
+          else gather.template operator()<1, kLo, 0, kLo>(more);
+          if (more) {
+            load_slots(w, 1, 2 * (r + 1) + 1);
+          } else {
+            // Slots of the next item's first round: issued now, used after the
+            // consumers release a buffer.
+            next_item_slots(pos_ahead, count_ahead);
+          }
         }
       }
     }
