@@ -203,21 +203,20 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
         // (ptxas puts the producer's global loads on one scoreboard), so
         // nothing is read before the block's first conversion has waited.
         std::int32_t after[kRowsPerThread];
-        const int blocks = 2 * w.rounds;
+        const int n = 2 * w.rounds;  // an odd block count ends with a padding block (no valid keys)
 #pragma unroll 1
-        for (int k = 0; k < blocks; ++k) {
+        for (int k = 0; k < n; ++k) {
           const int b = k & 1;
 #pragma unroll
           for (int i = 0; i < kRowsPerThread; ++i) after[i] = w.raw_slot(k + 2, keys.row(i));  // -1 past the keys
-          if (!loaded) keys.load(w, slots[0], kLo);
+          if (k == 0) keys.load(w, slots[0], kLo);  // later blocks' lo halves: chained by the block before
           pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
           keys.store(w, slots[0], kLo, b, smem, bars.full(b, kLo), [&](int i) { keys.load_unit(w, slots[0], kHi, i); });
           write_flags(b, slots[0]);
-          const bool chain = k + 1 < blocks;
+          const bool chain = k + 1 < n;
           pl::wait(bars.empty(b, kHi), (round & 1) ^ 1);
           keys.store(w, slots[0], kHi, b, smem, bars.full(b, kHi),
                      [&](int i) { if (chain) keys.load_unit(w, slots[1], kLo, i); });
-          loaded = chain;
           round += b;
 #pragma unroll
           for (int i = 0; i < kRowsPerThread; ++i) {
