@@ -59,9 +59,12 @@ Consumers consumers_for(CacheFormat format, int num_heads) {
 // (32) 1.05x (sparse_mla/NOTES.md). Only with DSMLA_SPARSE_BLOCK_LOOP=1 until
 // this dispatch has run the GPU tests and the sanitizer (the loop itself has).
 constexpr int kBlockLoopMaxBlocks = 4;
+bool block_loop_enabled() {
+  static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) == 1;
+  return value;
+}
 bool few_blocks_per_item(const KernelArgs& args) {
-  static const bool enabled = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) == 1;
-  if (!enabled || args.lanes > 0) return false;  // balanced: the lanes' ranges cross items
+  if (args.lanes > 0) return false;  // balanced: the lanes' ranges cross items
   const int keys = args.num_splits > 1 ? args.split_keys : args.p.topk;
   return (keys + kTileKeys - 1) / kTileKeys <= kBlockLoopMaxBlocks;
 }
@@ -141,7 +144,7 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
   if constexpr (F != CacheFormat::bf16) {
     if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
     if (unpaired_head_roles()) {
-      if (few_blocks_per_item(args)) return launch<F, false, 0, false, true, true>(args, items, stream);
+      if (block_loop_enabled() && few_blocks_per_item(args)) return launch<F, false, 0, false, true, true>(args, items, stream);
       return launch<F, false, 0, false, true>(args, items, stream);
     }
   }
