@@ -371,6 +371,7 @@ def main():
     ap.add_argument("--anchors", default=".anchors/anchors_bench.py")
     ap.add_argument("--only", default="prefill,decode,dense")
     ap.add_argument("--quick", action="store_true", help="S 1024 and batch 64 only")
+    ap.add_argument("--batches", help="decode batch sizes, comma separated (default 1,16,64,128)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--host-inclusive", action="store_true",
@@ -392,6 +393,8 @@ def main():
         sys.exit("--shim labels must differ: " + ", ".join(s.label for s in shims))
     kinds = set(a.only.split(","))
     Ss, Bs = ([1024], [64]) if a.quick else ([256, 512, 1024, 2048, 4096], [1, 16, 64, 128])
+    if a.batches:
+        Bs = [int(b) for b in a.batches.split(",")]
     plan = ([("prefill", prefill_workload, dict(S=S, H=H)) for S in Ss for H in (128, 64) if "prefill" in kinds] +
             [("decode", decode_workload, dict(B=B, H=H)) for B in Bs for H in (128, 64) if "decode" in kinds] +
             [("dense", dense_workload, dict(S=S, H=H)) for S in Ss for H in (128, 16) if "dense" in kinds])
