@@ -63,6 +63,14 @@ bool block_loop_enabled() {
   static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) == 1;
   return value;
 }
+// DSMLA_SPARSE_PAIRED_SETS=1: the paired kernel's producer with two register
+// sets of codes, a block converted while the next one loads (head_rows_gather.cuh,
+// sparse_mla/NOTES.md "Two register sets in the paired producer"). Off
+// until it has run the GPU tests, the sanitizer and a timing.
+bool paired_sets_enabled() {
+  static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_PAIRED_SETS", {"0", "1"}) == 1;
+  return value;
+}
 bool few_blocks_per_item(const KernelArgs& args) {
   if (args.lanes > 0) return false;  // balanced: the lanes' ranges cross items
   const int keys = args.num_splits > 1 ? args.split_keys : args.p.topk;
@@ -142,7 +150,10 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
     case Consumers::head_rows: break;
   }
   if constexpr (F != CacheFormat::bf16) {
-    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
+    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) {
+      if (paired_sets_enabled()) return launch<F, true, 0, false, false, true>(args, items, stream);
+      return launch<F, true>(args, items, stream);
+    }
     if (unpaired_head_roles()) {
       if (block_loop_enabled() && few_blocks_per_item(args)) return launch<F, false, 0, false, true, true>(args, items, stream);
       return launch<F, false, 0, false, true>(args, items, stream);
