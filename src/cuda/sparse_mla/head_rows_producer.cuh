@@ -104,8 +104,9 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // Paired (NOTES.md v17, v18): the consumer roles of the paired kernel
       // (head_rows_roles_consumer.cuh) take the key blocks one at a time, so
       // the halves are stored in block order, 0 lo, 0 hi, 1 lo, 1 hi: buffer
-      // b is refilled while the other buffer's block is computed. Register
-      // slot kLo / kHi of the gather holds a lo / hi half; storing it issues
+      // b is refilled while the other buffer's block is computed. Unless
+      // kBlockLoop (two register sets, next): register slot kLo / kHi of
+      // the gather holds a lo / hi half; storing it issues
       // the loads of the same half of the next block (two gathers ahead). So
       // the next round's buffer-0 slots are needed one gather earlier than
       // unpaired: `ahead` holds them (and buffer 1's) from the round's start.
