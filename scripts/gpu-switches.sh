@@ -12,6 +12,7 @@
 #   e.g. scripts/gpu-switches.sh DSMLA_SPARSE_PAIRED_SETS=1 DSMLA_SPARSE_BLOCK_LOOP=1 -- --only decode
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+. scripts/gpu-steps.sh
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
 switches=(); paired=()
 while [ $# -gt 0 ]; do
@@ -30,20 +31,13 @@ say "== build $(date -u +%H:%M:%S)"
 { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null &&
   ninja -C build-gpu -j 16 test_gpu_cuda sparse_mla_kernel_bench dsmla_kernel_shim; } >"$OUT/build.log" 2>&1 ||
   { tail -30 "$OUT/build.log"; say "BUILD FAILED"; exit 1; }
-grep -E "spill" "$OUT/build.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c | head -10 >>"$log"
+gpu_spills "$OUT/build.log"
 rm -f "$OUT/build.log"
 shims=()
 for sw in "${switches[@]}"; do
   say "== $sw: tests $(date -u +%H:%M:%S)"
-  env "$sw" timeout "${TEST_TIMEOUT:-300}" build-gpu/tests/test_gpu_cuda --gtest_filter="${FILTER:-*Sparse*}" \
-    --gtest_brief=1 >"$OUT/t.log" 2>&1 || { status=1; say "TESTS FAILED: $sw"; grep -E "FAILED|Failure" "$OUT/t.log" | head -20 >>"$log"; }
-  grep -E "tests ran|PASSED" "$OUT/t.log" | tail -2 | tee -a "$log"; rm -f "$OUT/t.log"
-  if [ "${NO_SANITIZE:-0}" != 1 ]; then
-    say "== $sw: sanitizer $(date -u +%H:%M:%S)"
-    env "$sw" SANITIZE_GROUPS="${SANITIZE_GROUPS:-sparse}" scripts/gpu-sanitize.sh build-gpu >"$OUT/s.log" 2>&1 ||
-      { status=1; say "SANITIZER FAILED: $sw"; grep -E "ERROR|FAILED|Invalid|Race" "$OUT/s.log" | head -20 >>"$log"; }
-    grep -E "ERROR SUMMARY" "$OUT/s.log" | sort | uniq -c | tee -a "$log"; rm -f "$OUT/s.log"
-  fi
+  gpu_tests build-gpu "$sw" "$sw"
+  [ "${NO_SANITIZE:-0}" = 1 ] || gpu_sanitize build-gpu "$sw" "$sw"
   name=${sw%%=*}; label=$(echo "${name#DSMLA_}" | tr 'A-Z_' 'a-z-')
   shims+=(--shim "build-gpu/libdsmla_kernel_shim.so=$label,$sw")
 done

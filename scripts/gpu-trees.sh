@@ -14,6 +14,7 @@
 #   e.g. scripts/gpu-trees.sh --sanitize .exp/R=rope .exp/P=rolled -- --only decode
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+. scripts/gpu-steps.sh
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
 usage() { echo "usage: scripts/gpu-trees.sh [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]" >&2; exit 2; }
 sanitize=0; trees=(); paired=()
@@ -50,7 +51,7 @@ for i in "${!all[@]}"; do
   spec=${all[$i]}; parse "$spec"
   if wait "${pids[$i]}"; then built+=("$spec")
   else tail -30 "$OUT/build_$label.log" >>"$log"; say "BUILD FAILED: $label"; status=1; fi
-  grep -E "spill" "$OUT/build_$label.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c | head -10 >>"$log"
+  gpu_spills "$OUT/build_$label.log"
   rm -f "$OUT/build_$label.log"
 done
 say "== built $(date -u +%H:%M:%S)"
@@ -58,9 +59,7 @@ for spec in "${built[@]}"; do
   parse "$spec"
   say "== $label: $dir ($(cat "$dir/.tree" 2>/dev/null || git -C "$dir" rev-parse --short HEAD 2>/dev/null)) $(date -u +%H:%M:%S)"
   build=$dir/build-gpu
-  timeout ${TEST_TIMEOUT:-300} "$build/tests/test_gpu_cuda" --gtest_filter="${FILTER:-*Sparse*}" --gtest_brief=1 \
-    >"$OUT/t.log" 2>&1 || { status=1; say "TESTS FAILED: $label"; grep -E "FAILED|Failure" "$OUT/t.log" | head -20 >>"$log"; }
-  grep -E "tests ran|PASSED" "$OUT/t.log" | tail -2 | tee -a "$log"; rm -f "$OUT/t.log"
+  gpu_tests "$build" "$label"
   if [ -n "${CASE-decode}" ]; then
     timeout 200 "$build/sparse_mla_kernel_bench" --case "${CASE-decode}" >"$OUT/h.log" 2>&1 || { status=1; say "HARNESS FAILED: $label"; }
     grep -E "^\||MISMATCH|FAIL" "$OUT/h.log" | head -30 >>"$log"; rm -f "$OUT/h.log"
@@ -75,10 +74,7 @@ grep -E "^\|" "$OUT/paired.md" 2>/dev/null | head -60
 if [ $sanitize = 1 ]; then
   for spec in "${built[@]:1}"; do
     parse "$spec"
-    say "== sanitizer: $label $(date -u +%H:%M:%S)"
-    SANITIZE_GROUPS=${SANITIZE_GROUPS:-sparse} scripts/gpu-sanitize.sh "$dir/build-gpu" >"$OUT/s.log" 2>&1 ||
-      { status=1; say "SANITIZER FAILED: $label"; grep -E "ERROR|FAILED|Invalid|Race" "$OUT/s.log" | head -20 >>"$log"; }
-    grep -E "^== |ERROR SUMMARY|tests ran|PASSED" "$OUT/s.log" | tail -40 >>"$log"; rm -f "$OUT/s.log"
+    gpu_sanitize "$dir/build-gpu" "$label"
   done
 fi
 say "== done $(date -u +%H:%M:%S), status $status"

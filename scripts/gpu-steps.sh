@@ -1,0 +1,28 @@
+# Steps shared by scripts/gpu-trees.sh and scripts/gpu-switches.sh (sourced,
+# not run). The caller defines OUT, log (the summary file), status (set to 1
+# on a failure) and say (echo into the terminal and the log).
+
+# gpu_tests BUILD_DIR LABEL [NAME=VALUE...]: the GPU tests matching FILTER
+# (default *Sparse*) with the settings exported, their summary into the log.
+gpu_tests() {
+  local build=$1 label=$2; shift 2
+  env "$@" timeout "${TEST_TIMEOUT:-300}" "$build/tests/test_gpu_cuda" --gtest_filter="${FILTER:-*Sparse*}" \
+    --gtest_brief=1 >"$OUT/t.log" 2>&1 ||
+    { status=1; say "TESTS FAILED: $label"; grep -E "FAILED|Failure" "$OUT/t.log" | head -20 >>"$log"; }
+  grep -E "tests ran|PASSED" "$OUT/t.log" | tail -2 | tee -a "$log"; rm -f "$OUT/t.log"
+}
+
+# gpu_sanitize BUILD_DIR LABEL [NAME=VALUE...]: scripts/gpu-sanitize.sh's
+# groups SANITIZE_GROUPS (default sparse) with the settings exported.
+gpu_sanitize() {
+  local build=$1 label=$2; shift 2
+  say "== sanitizer: $label $(date -u +%H:%M:%S)"
+  env "$@" SANITIZE_GROUPS="${SANITIZE_GROUPS:-sparse}" scripts/gpu-sanitize.sh "$build" >"$OUT/s.log" 2>&1 ||
+    { status=1; say "SANITIZER FAILED: $label"; grep -E "ERROR|FAILED|Invalid|Race" "$OUT/s.log" | head -20 >>"$log"; }
+  grep -E "^== |ERROR SUMMARY|tests ran|PASSED" "$OUT/s.log" | tail -40 >>"$log"; rm -f "$OUT/s.log"
+}
+
+# gpu_spills BUILD_LOG: ptxas's non-zero spill lines of a build, into the log.
+gpu_spills() {
+  grep -E "spill" "$1" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c | head -10 >>"$log"
+}
