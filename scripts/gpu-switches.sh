@@ -9,7 +9,7 @@
 # switch needs no experiment tree when the launcher reads it at run time.
 # Files in $OUT: switches.log, env.txt, paired.md, paired.json (clocks.csv removed).
 # Usage: scripts/gpu-switches.sh NAME=VALUE... [-- PAIRED_ARGS...]
-#   e.g. scripts/gpu-switches.sh DSMLA_SPARSE_PAIRED_SETS=1 DSMLA_SPARSE_BLOCK_LOOP=1 -- --only decode
+#   e.g. scripts/gpu-switches.sh DSMLA_SPARSE_BLOCK_LOOP=0 DSMLA_SPARSE_HEAD_ROLES=0 -- --only decode
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 . scripts/gpu-steps.sh

@@ -50,25 +50,18 @@ Consumers consumers_for(CacheFormat format, int num_heads) {
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
 }
 
-// Items of at most this many key blocks may run the unpaired roles kernel
-// whose producer loops over blocks (head_rows_producer.cuh): its code,
-// fetched cold once by a CTA of few blocks, is less; warm, its blocks take
-// longer. Session 37 (H100, paired with FlashMLA): the loop for every item
-// took at H 64 batch 1 (2 blocks an item) 0.96x and batch 16 (4 blocks)
-// 0.87x the unrolled rounds' time, batch 64 (16 blocks) 1.00x and batch 128
-// (32) 1.05x (sparse_mla/NOTES.md). Only with DSMLA_SPARSE_BLOCK_LOOP=1 until
-// this dispatch has run the GPU tests and the sanitizer (the loop itself has).
+// Items of at most this many key blocks run the unpaired roles kernel whose
+// producer loops over blocks (head_rows_producer.cuh): its code, fetched
+// cold once by a CTA of few blocks, is less; warm, its blocks take longer.
+// Paired with FlashMLA (sparse_mla/NOTES.md), the loop took, against the
+// unrolled rounds, at H 64 batch 1 / 16 (2 / 4 blocks an item) 0.96 / 0.87x
+// (session 37, H100, the loop for every item) and 0.89 / 0.88x (session 39,
+// H200, this dispatch), and at batch 64 / 128 (16 / 32 blocks) 1.00 / 1.05x
+// (session 37). DSMLA_SPARSE_BLOCK_LOOP (read once): unset or 1 follows this
+// rule, 0 never loops.
 constexpr int kBlockLoopMaxBlocks = 4;
 bool block_loop_enabled() {
-  static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) == 1;
-  return value;
-}
-// DSMLA_SPARSE_PAIRED_SETS=1: the paired kernel's producer with two register
-// sets of codes, a block converted while the next one loads (head_rows_gather.cuh,
-// sparse_mla/NOTES.md "Two register sets in the paired producer"). Off
-// until it has run the GPU tests, the sanitizer and a timing.
-bool paired_sets_enabled() {
-  static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_PAIRED_SETS", {"0", "1"}) == 1;
+  static const bool value = dsmla::detail::env_choice("DSMLA_SPARSE_BLOCK_LOOP", {"0", "1"}) != 0;
   return value;
 }
 bool few_blocks_per_item(const KernelArgs& args) {
@@ -150,10 +143,7 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
     case Consumers::head_rows: break;
   }
   if constexpr (F != CacheFormat::bf16) {
-    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) {
-      if (paired_sets_enabled()) return launch<F, true, 0, false, false, true>(args, items, stream);
-      return launch<F, true>(args, items, stream);
-    }
+    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
     if (unpaired_head_roles()) {
       if (block_loop_enabled() && few_blocks_per_item(args)) return launch<F, false, 0, false, true, true>(args, items, stream);
       return launch<F, false, 0, false, true>(args, items, stream);

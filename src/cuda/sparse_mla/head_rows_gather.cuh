@@ -10,9 +10,7 @@
 //                          issue the next half's loads of unit j (load_unit).
 // Rows of a thread: row(i) for i < kRowsPerThread; invalid slots give zeros.
 // The paired fp8 gather (KeyGather<F, true>) has its own staging and calls:
-// load<half>(w, slots) and store<b, half>(w, slots, smem, full, next), or
-// with whole blocks staged (kBlockLoop) load_block(w, slots) and
-// take_staged() before the stores.
+// load<half>(w, slots) and store<b, half>(w, slots, smem, full, next).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -230,15 +228,6 @@ struct KeyGather {
 // registers, the loads of the same half of the next block (two gathers
 // ahead), so at every empty wait the loads of this half and of the next one
 // are in flight, a block's worth.
-// With two register sets (the producer's kBlockLoop; DSMLA_SPARSE_PAIRED_SETS,
-// head_rows.cu): `raw` holds the whole block being converted and `staged`
-// the next block's, whose loads fly while this one is converted and stored.
-// ptxas tracks all of the producer's global loads with one scoreboard, so a
-// read of any register with a load in flight waits for every load in
-// flight: the producer takes the staged block (moves that wait for its
-// loads) before it issues the next block's loads, and converts only what it
-// has taken, so each block's loads get a whole block of conversion to land
-// in (NOTES.md, "Two register sets in the paired producer").
 template <CacheFormat F>
 struct KeyGather<F, true> {
   static_assert(F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8);
@@ -259,10 +248,8 @@ struct KeyGather<F, true> {
 
   unsigned t;  // producer thread, 0..127
   Peer peer;
-  uint4 raw[2][kLoads];     // [half]: that half of the own row (raw[kLo][kLoBlocks] unused)
-  float2 scale[2];          // [half]: fp8_ds_mla the half's two tile scales; fp8 k_scale
-  uint4 staged[2][kLoads];  // two register sets only: the next block's, loading
-  float2 staged_scale[2];
+  uint4 raw[2][kLoads];  // [half]: that half of the own row (raw[kLo][kLoBlocks] unused)
+  float2 scale[2];       // [half]: fp8_ds_mla the half's two tile scales; fp8 k_scale
 
   __device__ KeyGather(int thread, const Peer& pr) : t(static_cast<unsigned>(thread)), peer(pr) {}
   __device__ __forceinline__ int row(int i) const { return static_cast<int>(t / kThreadsPerRow) + (128 / kThreadsPerRow) * i; }
@@ -277,25 +264,6 @@ struct KeyGather<F, true> {
   template <int half>
   __device__ __forceinline__ void load(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread]) {
     load_half_row<F>(w, own_slot(slots), half, static_cast<int>(t % kThreadsPerRow), raw[half], scale[half]);
-  }
-
-  // Two register sets: the loads of both halves of the own row of the block
-  // whose slots are `slots`, into the staging set.
-  __device__ __forceinline__ void load_block(const WorkItem& w, const std::int32_t (&slots)[kRowsPerThread]) {
-    const int q = static_cast<int>(t % kThreadsPerRow);
-    load_half_row<F>(w, own_slot(slots), kLo, q, staged[kLo], staged_scale[kLo]);
-    load_half_row<F>(w, own_slot(slots), kHi, q, staged[kHi], staged_scale[kHi]);
-  }
-  // The staged block becomes the one to convert: waits for its loads (and
-  // for any other load in flight, so issue the next ones after this).
-  __device__ __forceinline__ void take_staged() {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int k = 0; k < kLoads; ++k)
-        if (h == kHi || k < kLoBlocks) raw[h][k] = staged[h][k];  // fp8's rope codes: hi half only
-      scale[h] = staged_scale[h];
-    }
   }
 
   // Half `half` of key buffer b from register slot `half`; then next() (once

@@ -29,9 +29,8 @@ __device__ __forceinline__ void sync_all() {
 // kRoles: by roles (key_rows_roles_consumer.cuh), or with heads as rows the
 // paired kernel's roles unpaired (head_rows_roles_consumer.cuh; fp8 caches:
 // warpgroup 1 only does P V, which leaves the producer 112 registers).
-// kBlockLoop (heads-as-rows roles): the producer's loop over blocks
-// (head_rows_producer.cuh): unpaired for items of few blocks; paired with
-// two register sets of codes (DSMLA_SPARSE_PAIRED_SETS, head_rows.cu).
+// kBlockLoop (unpaired heads-as-rows roles): the producer's loop over blocks
+// (head_rows_producer.cuh), for items of few blocks.
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false,
           bool kBlockLoop = false>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
@@ -43,7 +42,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   constexpr bool kHeadRoles = !kKeyRows && (kPaired || kRoles);
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
-  static_assert(!kBlockLoop || kHeadRoles, "the block loop: heads-as-rows roles only");
+  static_assert(!kBlockLoop || (kHeadRoles && !kPaired), "the block loop: unpaired heads-as-rows roles only");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
   // start now: it takes multiprocessors this grid leaves idle and waits for
   // this grid to complete before it reads the partials.
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   sync_all<kPaired>();
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
-    pl::shrink_registers<kHeadRoles ? kRolesProducerRegs<kPaired && kBlockLoop> : kProducerRegs<kFp8>>();
+    pl::shrink_registers<kHeadRoles ? kRolesProducerRegs : kProducerRegs<kFp8>>();
     Peer peer{0, nullptr, nullptr};
     if constexpr (kPaired) {
       peer.rank = pair_rank();
@@ -94,13 +93,10 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     else KeyRowsConsumer<1, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
   } else if constexpr (kHeadRoles) {
     if (wg == 0) {
-      pl::grow_registers<kRolesRegs0<kPaired && kBlockLoop>>();
+      pl::grow_registers<kRolesRegs0>();
       RolesConsumer<0, kPaired>(bars, smem).run(args);
     } else {
-      // With two register sets warpgroup 1 gives registers up (setmaxnreg.dec).
-      constexpr int regs1 = kRolesRegs1<kPaired && kBlockLoop>;
-      if constexpr (regs1 < pl::register_pool_per_thread(kThreads)) pl::shrink_registers<regs1>();
-      else pl::grow_registers<regs1>();
+      pl::grow_registers<kRolesRegs1>();
       RolesConsumer<1, kPaired>(bars, smem).run(args);
     }
   } else if (wg == 0) {

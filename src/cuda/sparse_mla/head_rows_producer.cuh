@@ -15,8 +15,8 @@ namespace dsmla::cuda::sparse_mla_detail::head_rows {
 // only their heads' and keep their output in the rows past them).
 // kBlockOrder: the halves in block order (0 lo, 0 hi, 1 lo, 1 hi), the order
 // the roles consumers (head_rows_roles_consumer.cuh) read them; always so
-// when paired. kBlockLoop: one loop over an item's blocks instead of rounds
-// of two (below); paired, with two register sets (head_rows_gather.cuh).
+// when paired. kBlockLoop (unpaired block order only): one loop over an
+// item's blocks instead of unrolled rounds of two (below).
 template <CacheFormat F, bool kPaired, int kQueryRows = kRows, bool kBlockOrder = kPaired, bool kBlockLoop = false>
 __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& bars, std::uint8_t* smem,
                                         const Peer& peer) {
@@ -104,9 +104,8 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // Paired (NOTES.md v17, v18): the consumer roles of the paired kernel
       // (head_rows_roles_consumer.cuh) take the key blocks one at a time, so
       // the halves are stored in block order, 0 lo, 0 hi, 1 lo, 1 hi: buffer
-      // b is refilled while the other buffer's block is computed. Unless
-      // kBlockLoop (two register sets, next): register slot kLo / kHi of
-      // the gather holds a lo / hi half; storing it issues
+      // b is refilled while the other buffer's block is computed. Register
+      // slot kLo / kHi of the gather holds a lo / hi half; storing it issues
       // the loads of the same half of the next block (two gathers ahead). So
       // the next round's buffer-0 slots are needed one gather earlier than
       // unpaired: `ahead` holds them (and buffer 1's) from the round's start.
@@ -114,103 +113,57 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       // as its slots are: for the first item after its query, for the others
       // at the end of the item before (`primed`). The valid flags of both
       // buffers go with the lo half, the one S waits for first.
-      if constexpr (kBlockLoop) {
-        // Two register sets (NOTES.md, "Two register sets in the paired
-        // producer"): one loop over the item's blocks, block k into buffer
-        // k & 1 (an odd block count ends with a padding block, no valid
-        // keys). Each block: take the staged block (its loads, issued a block
-        // ago, have landed or are waited for here), issue the next block's
-        // loads into the staging set, then store the taken block. The slots
-        // move through a window: slots[0] this block's, slots[1] the next
-        // block's, `after` the one after that (loaded at the top, moved at
-        // the end). An item's first block is loaded as soon as its slots
-        // are: for the first item after its query, for the others at the end
-        // of the item before (`primed`).
-        if (!primed) keys.load_block(w, slots[0]);
-        const int n = 2 * w.rounds;
-        std::int32_t after[kRowsPerThread];
-#pragma unroll 1
-        for (int k = 0; k < n; ++k) {
-          const int b = k & 1;
-          const bool more = k + 1 < n;
-          keys.take_staged();
-          if (more) {
+      if (!primed) {
+        keys.template load<kLo>(w, slots[0]);
+        keys.template load<kHi>(w, slots[0]);
+      }
+      // The next round's slots (written while there is one; zero otherwise, which
+      // the last round's unchained buffer-1 gather selects but never loads from).
+      std::int32_t ahead[2][kRowsPerThread] = {};
+      // The half as a template argument, the buffer at run time (one copy of
+      // each half's code: NOTES.md, "The rope, rolled and merge branches
+      // measured"). `next` issues the chained loads (or nothing).
+      std::int32_t cur[kRowsPerThread], nxt[kRowsPerThread];  // buffer b's slots, and the next block's
+      auto gather = [&]<int half>(int b, auto&& next) {
+        pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+        keys.template store<half>(w, cur, b, smem, bars.full(b, half), next);
+        if constexpr (half == kLo) write_flags(b, cur);
+      };
+      for (int r = 0; r < w.rounds; ++r, ++round) {
+        const bool more = r + 1 < w.rounds;
+        if (more) {
 #pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) after[i] = w.raw_slot(k + 2, keys.row(i));  // -1 past the keys
-            keys.load_block(w, slots[1]);
-          }
-          pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
-          keys.template store<kLo>(w, slots[0], b, smem, bars.full(b, kLo), [] {});
-          write_flags(b, slots[0]);
-          pl::wait(bars.empty(b, kHi), (round & 1) ^ 1);
-          keys.template store<kHi>(w, slots[0], b, smem, bars.full(b, kHi), [] {});
-          round += b;
-          if (more) {
+          for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) {
-              slots[0][i] = slots[1][i];
-              slots[1][i] = after[i];
-            }
-          }
+            for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
         }
-        // Slots of the next item's first round, and its first block's loads
-        // (in flight while the consumers finish this item).
-        const WorkItem w_next = next_item_slots(pos_ahead, count_ahead);
-        primed = pos_ahead < sched.count;
-        if (primed) keys.load_block(w_next, slots[0]);
-      } else {
-        if (!primed) {
-          keys.template load<kLo>(w, slots[0]);
-          keys.template load<kHi>(w, slots[0]);
-        }
-        // The next round's slots (written while there is one; zero otherwise, which
-        // the last round's unchained buffer-1 gather selects but never loads from).
-        std::int32_t ahead[2][kRowsPerThread] = {};
-        // The half as a template argument, the buffer at run time (one copy of
-        // each half's code: NOTES.md, "The rope, rolled and merge branches
-        // measured"). `next` issues the chained loads (or nothing).
-        std::int32_t cur[kRowsPerThread], nxt[kRowsPerThread];  // buffer b's slots, and the next block's
-        auto gather = [&]<int half>(int b, auto&& next) {
-          pl::wait(bars.empty(b, half), (round & 1) ^ 1);
-          keys.template store<half>(w, cur, b, smem, bars.full(b, half), next);
-          if constexpr (half == kLo) write_flags(b, cur);
-        };
-        for (int r = 0; r < w.rounds; ++r, ++round) {
-          const bool more = r + 1 < w.rounds;
-          if (more) {
-#pragma unroll
-            for (int b = 0; b < 2; ++b)
-#pragma unroll
-              for (int i = 0; i < kRowsPerThread; ++i) ahead[b][i] = w.raw_slot(2 * (r + 1) + b, keys.row(i));
-          }
 #pragma unroll 1
-          for (int b = 0; b < 2; ++b) {
-            // The next block: buffer 1's, or the next round's buffer 0.
+        for (int b = 0; b < 2; ++b) {
+          // The next block: buffer 1's, or the next round's buffer 0.
 #pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) {
-              cur[i] = b == 0 ? slots[0][i] : slots[1][i];
-              nxt[i] = b == 0 ? slots[1][i] : ahead[0][i];
-            }
-            const bool chain = b == 0 || more;
-            gather.template operator()<kLo>(b, [&] { if (chain) keys.template load<kLo>(w, nxt); });
-            gather.template operator()<kHi>(b, [&] { if (chain) keys.template load<kHi>(w, nxt); });
+          for (int i = 0; i < kRowsPerThread; ++i) {
+            cur[i] = b == 0 ? slots[0][i] : slots[1][i];
+            nxt[i] = b == 0 ? slots[1][i] : ahead[0][i];
           }
-          if (more) {
+          const bool chain = b == 0 || more;
+          gather.template operator()<kLo>(b, [&] { if (chain) keys.template load<kLo>(w, nxt); });
+          gather.template operator()<kHi>(b, [&] { if (chain) keys.template load<kHi>(w, nxt); });
+        }
+        if (more) {
 #pragma unroll
-            for (int b = 0; b < 2; ++b)
+          for (int b = 0; b < 2; ++b)
 #pragma unroll
-              for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = ahead[b][i];
-          } else {
-            // Slots of the next item's first round, and its first two halves'
-            // loads (in flight while the consumers finish this item).
-            const WorkItem w_next = next_item_slots(pos_ahead, count_ahead);
-            const bool any_next = pos_ahead < sched.count;
-            if (any_next) {
-              keys.template load<kLo>(w_next, slots[0]);
-              keys.template load<kHi>(w_next, slots[0]);
-            }
-            primed = any_next;
+            for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = ahead[b][i];
+        } else {
+          // Slots of the next item's first round, and its first two halves'
+          // loads (in flight while the consumers finish this item).
+          const WorkItem w_next = next_item_slots(pos_ahead, count_ahead);
+          const bool any_next = pos_ahead < sched.count;
+          if (any_next) {
+            keys.template load<kLo>(w_next, slots[0]);
+            keys.template load<kHi>(w_next, slots[0]);
           }
+          primed = any_next;
         }
       }
     } else {

@@ -27,24 +27,15 @@
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
-// Registers of the roles warpgroups (setmaxnreg; multiples of 8, the three
-// must fit the pool): warpgroup 0 holds O (128), S (32) and, while P V runs
-// next to the next S, P's bf16 A fragments (16); warpgroup 1 only O. The
-// paired producer with two register sets (kTwoSets: head_rows_gather.cuh,
-// 36 registers more) is paid for by both consumers: at 200 warpgroup 0
-// spills P's A fragments around the P V product, at 152 warpgroup 1 spills
-// 1.6 KB; at 136 the producer spills only in its per-item setup.
-template <bool kTwoSets>
-inline constexpr int kRolesRegs0 = kTwoSets ? 208 : 216;
-template <bool kTwoSets>
-inline constexpr int kRolesRegs1 = kTwoSets ? 160 : 176;
-template <bool kTwoSets>
-inline constexpr int kRolesProducerRegs = kTwoSets ? 136 : 112;
-template <bool kTwoSets>
-inline constexpr bool kRolesRegsFit = 128 * (kRolesRegs0<kTwoSets> + kRolesRegs1<kTwoSets> +
-                                             kRolesProducerRegs<kTwoSets>) <=
-                                      kThreads * pipeline::register_pool_per_thread(kThreads);
-static_assert(kRolesRegsFit<true> && kRolesRegsFit<false>);
+// Registers of the paired kernel's warpgroups (setmaxnreg; multiples of 8,
+// the three must fit the pool): warpgroup 0 holds O (128), S (32) and, while
+// P V runs next to the next S, P's bf16 A fragments (16); warpgroup 1 only O.
+inline constexpr int kRolesRegs0 = 216;
+inline constexpr int kRolesRegs1 = 176;
+inline constexpr int kRolesProducerRegs = 112;
+static_assert(128 * (kRolesRegs0 + kRolesRegs1 + kRolesProducerRegs) <=
+              kThreads * pipeline::register_pool_per_thread(kThreads));
+static_assert(kRolesRegs1 > pipeline::register_pool_per_thread(kThreads), "setmaxnreg.inc must grow");
 
 // Empty arrivals per half of either buffer (before the peer's warps).
 __host__ __device__ constexpr int roles_empty_arrivals(int half) { return half == kLo ? 128 : 256; }
