@@ -9,7 +9,7 @@ Why: the SM clock of the GPU machine moves between levels up to ~20 % apart with
 (src/cuda/dense_mha/NOTES.md), in steps of 0.1-0.5 s. The kernel harnesses and anchors_bench.py run one after the
 other, each row's 30 samples back to back, so a ratio of two medians can compare two clock levels. Here every round
 times each contender once (dsmla through the C ABI of tools/bench/kernels/kernel_shim.cpp, the anchors through their
-Python packages), in an order that alternates between rounds, and each round gives its own ratio; the table reports
+Python packages), in an order that changes every round (round_orders), and each round gives its own ratio; the table reports
 the median of those ratios with their 10th-90th percentile spread. Several --shim libraries (built from different
 trees) make a clock-robust A/B of dsmla variants as well: every variant after the first also gets its ratio to the
 first, round by round; NAME=VALUE settings after a label (DSMLA_* switches such as DSMLA_SPARSE_KEY_ROWS=2) are in
@@ -52,9 +52,20 @@ def percentile(values, q):
 
 
 def round_orders(names, rounds):
-    """The contenders' order in each round: as given in even rounds, reversed in odd ones, so that no contender
-    always runs first after the synchronisation (or right after the same neighbour)."""
-    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
+    """The contenders' order in each round: rotated by one place a round, and reversed in every other cycle of
+    len(names) rounds, so that over 2 x len(names) rounds every contender runs in every position, with its neighbours
+    before and after it. A position effect then spreads over all contenders instead of favouring one. (With the
+    order only reversed every other round, a contender always at the ends read up to 4 % faster than one always in
+    the middle running the same code, its place the likely cause: src/cuda/sparse_mla/NOTES.md, "Session 39".)"""
+    n = len(names)
+    orders = []
+    for r in range(rounds):
+        k = r % n
+        order = list(names[k:]) + list(names[:k])
+        if (r // n) % 2 == 1:
+            order.reverse()
+        orders.append(order)
+    return orders
 
 
 def summarize(samples, pairs):
