@@ -69,9 +69,11 @@ std::int32_t out_of_range_slot(std::mt19937& rng, std::int64_t num_slots) {
 }
 
 // counts[i] entries are written for token i (clamped to [0, topk] for the slots);
-// holes[i] = fraction of those replaced by out-of-range slots.
+// holes[i] = fraction of those replaced by out-of-range slots. rising: every
+// key's amplitude grows with its slot, and each row's valid prefix lists its
+// slots in ascending order, so that the scores of a row grow block by block.
 Problem make_problem(int num_heads, int topk, const Variant& variant, const std::vector<int>& counts,
-                     const std::vector<double>& holes, std::uint32_t seed) {
+                     const std::vector<double>& holes, std::uint32_t seed, bool rising = false) {
   Problem pr;
   pr.num_heads = num_heads;
   pr.topk = topk;
@@ -87,9 +89,10 @@ Problem make_problem(int num_heads, int topk, const Variant& variant, const std:
   std::vector<std::uint16_t> kv_c(kLatentDim), k_pe(kRopeDim);
   for (std::int64_t s = 0; s < pr.num_slots; ++s) {
     // Vary the magnitude per token so fp8_ds_mla tile scales differ.
-    const float amp = 0.25f + 1.75f * std::abs(uni(rng));
+    const float amp = rising ? 2.f * static_cast<float>(s + 1) / static_cast<float>(pr.num_slots)
+                             : 0.25f + 1.75f * std::abs(uni(rng));
     for (auto& x : kv_c) x = float_to_bf16(amp * uni(rng));
-    for (auto& x : k_pe) x = float_to_bf16(uni(rng));
+    for (auto& x : k_pe) x = float_to_bf16((rising ? amp : 1.f) * uni(rng));
     const std::span<std::uint8_t> dst(pr.cache.data() + s * bpt, static_cast<std::size_t>(bpt));
     write_cache_token(variant.format, dst, kv_c.data(), k_pe.data(), variant.k_scale);
     float* key = pr.keys.data() + s * kLatentKeyDim;
@@ -114,6 +117,7 @@ Problem make_problem(int num_heads, int topk, const Variant& variant, const std:
     std::shuffle(perm.begin(), perm.end(), rng);  // distinct slots in random order
     std::bernoulli_distribution hole(holes[i]);
     for (int j = 0; j < n_valid; ++j) row[j] = hole(rng) ? out_of_range_slot(rng, pr.num_slots) : perm[j];
+    if (rising) std::sort(row, row + n_valid);
     // Junk after the valid prefix: real slots and out-of-range values, both must be ignored.
     for (int j = n_valid; j < topk; ++j)
       row[j] = (rng() & 1) ? static_cast<std::int32_t>(rng() % pr.num_slots) : out_of_range_slot(rng, pr.num_slots);
@@ -429,6 +433,35 @@ INSTANTIATE_TEST_SUITE_P(Modes, SparseMlaSchedules,
                                    : m == SparseSplitMode::equal ? "equal"
                                                                  : "balanced") +
                                   (std::get<3>(info.param) == 0 ? "_41x1024" : "_200x256");
+                         });
+
+// Scores that rise along each row by far more than the kernel's running max
+// may lag (kMaxLag, head_rows_roles_consumer.cuh): the keys' amplitude grows
+// with their slot, the rows list their slots in ascending order and the
+// softmax scale is 3, so the maxima in the log2 domain climb by ~250 over a
+// row of top-k 2048 (exp2 of that overflows float, so a maximum that failed
+// to move would show as inf / NaN). H 64 and 128 (the unpaired and the
+// paired roles kernels over fp8 caches, and bf16), whole rows and split ones.
+using RisingParam = std::tuple<int, int, SparseSplitMode>;  // heads, variant index, mode
+
+class SparseMlaRisingScores : public ::testing::TestWithParam<RisingParam> {};
+
+TEST_P(SparseMlaRisingScores, MatchesReference) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  const auto [heads, vi, mode] = GetParam();
+  constexpr int kTopk = 2048;
+  Problem pr = make_problem(heads, kTopk, kVariants[vi], {kTopk, 1000, kTopk}, {0.0, 0.0, 0.1}, 313u + heads + vi, true);
+  pr.softmax_scale = 3.f;
+  expect_matches(pr, run_gpu(pr, mode), reference(pr));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaRisingScores,
+                         ::testing::Combine(::testing::Values(64, 128), ::testing::Values(0, 1, 2),
+                                            ::testing::Values(SparseSplitMode::whole, SparseSplitMode::automatic)),
+                         [](const ::testing::TestParamInfo<RisingParam>& info) {
+                           return "H" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  kVariants[std::get<1>(info.param)].name +
+                                  (std::get<2>(info.param) == SparseSplitMode::whole ? "_whole" : "_split");
                          });
 
 // The merge reads a row's partials kCombineThreads (128) at a time

@@ -110,12 +110,11 @@ struct Consumer : ConsumerThread {
   }
 
   // Waits for the flags of key buffer `buffer` (barrier parity `ph`), masks
-  // the invalid keys of S to -inf and returns the row maxima in the log2
-  // domain. S stays raw: the scale is folded into softmax_to's exp2 (one FMA),
-  // and as it is positive (check_scales) the maximum of the scaled scores is
-  // the scaled maximum. Only a block with an invalid key is masked (at S >=
-  // topk every block but an item's last is full).
-  __device__ __forceinline__ void mask_max(int buffer, int ph, float (&mx)[2]) {
+  // the invalid keys of S to -inf and returns this thread's maxima of its
+  // two rows, raw (no exchange within the quad). Only a block with an
+  // invalid key is masked (at S >= topk every block but an item's last is
+  // full).
+  __device__ __forceinline__ void mask_thread_max(int buffer, int ph, float (&mx)[2]) {
     pl::wait(bars.valid(buffer), ph);
     if (!all_keys_valid(buffer)) {
       const std::uint32_t valid = valid_keys(buffer);
@@ -126,6 +125,13 @@ struct Consumer : ConsumerThread {
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+  }
+  // mask_thread_max, then the row maxima in the log2 domain. S stays raw:
+  // the scale is folded into softmax_to's exp2 (one FMA), and as it is
+  // positive (check_scales) the maximum of the scaled scores is the scaled
+  // maximum.
+  __device__ __forceinline__ void mask_max(int buffer, int ph, float (&mx)[2]) {
+    mask_thread_max(buffer, ph, mx);
     mx[0] = sm::quad_max(mx[0]) * scale_log2;
     mx[1] = sm::quad_max(mx[1]) * scale_log2;
   }

@@ -60,7 +60,7 @@ template <int kWg, bool kPaired = true>
 struct RolesConsumer : Consumer<kWg, kPaired> {
   using Base = Consumer<kWg, kPaired>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
-  using Base::row, Base::release, Base::issue_s, Base::mask_max, Base::rescale_o,
+  using Base::row, Base::release, Base::issue_s, Base::mask_thread_max, Base::scale_log2, Base::rescale_o,
       Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
 
   __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm) : Base(b, sm) {}
@@ -87,13 +87,42 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
 
   // ---- warpgroup 0
 
+  // How far (log2 domain) a score may exceed the running max before the max
+  // moves: P <= 2^8 then, as exact in bf16 as any P, and O and the row sums
+  // stay in range. While no score of a warp's rows exceeds it by more, the
+  // warp keeps its maxima: no exchange within the quads, no rescale of O.
+  static constexpr float kMaxLag = 8.f;
+
+  // The rows' running maxima after block `b` (barrier parity `ph`): kept
+  // while the whole warp is within kMaxLag of them (a vote, no shuffles:
+  // warpgroup 0's chain waited on those shuffles behind the producer's
+  // shared-memory traffic), else the rows' maxima over the quad, as before.
+  // A running max of -inf (no valid key yet) never stays: -inf or NaN
+  // differences fail the test.
+  __device__ __forceinline__ void next_max(int b, int ph, float (&m_new)[2]) {
+    float mx[2];
+    mask_thread_max(b, ph, mx);
+    const bool within = mx[0] * scale_log2 - m_run[0] <= kMaxLag && mx[1] * scale_log2 - m_run[1] <= kMaxLag;
+    if (__all_sync(0xffffffffu, within)) {
+      m_new[0] = m_run[0];
+      m_new[1] = m_run[1];
+      return;
+    }
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) m_new[hi] = fmaxf(m_run[hi], sm::quad_max(mx[hi]) * scale_log2);
+  }
+
   // Blocks 0 .. 2 rounds - 1 of the item. With an odd block count the last
   // one does not exist: the producer still zero-fills its buffer and marks
   // its keys invalid, so its barriers are waited for and released like any
-  // other's, and only its S is skipped (s keeps the previous P, masked to
-  // -inf by the flags: P 0, alpha 1, or 0 while no key was valid); the P V
-  // products run and add 0 (a condition around them cost an empty wgmma
-  // group, and in warpgroup 1 serialisation, C7515).
+  // other's. Paired, its S is computed too and masked to -inf by the flags
+  // (P 0, alpha 1, or 0 while no key was valid); unpaired, its S is skipped
+  // (s keeps the previous P, masked the same way). The P V products run and
+  // add 0. The condition around S makes the commit an empty wgmma of its own
+  // (HGMMA.64x8x16), so the wait for P V also waits for the next S's first
+  // half; the paired kernel drops it, the unpaired ones keep it (without it
+  // ptxas spilled 4-20 bytes there). Around P V a condition cost an empty
+  // wgmma group, and in warpgroup 1 serialisation, C7515.
   __device__ __forceinline__ void process_s_softmax(int round, int& q_uses) {
     const int n = 2 * item.rounds;
     pl::wait(bars.q_full(), q_uses & 1);
@@ -113,14 +142,12 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
       release(b, kHi);
       if (i + 1 == n) pl::arrive(bars.q_empty());
 
-      // ---- softmax: the own running max, no exchange
-      float mx[2], m_new[2], alpha[2];
-      mask_max(b, ph, mx);
+      // ---- softmax: the own running max, no exchange between warpgroups
+      float m_new[2], alpha[2];
+      next_max(b, ph, m_new);
 #pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        m_new[hi] = fmaxf(m_run[hi], mx[hi]);
+      for (int hi = 0; hi < 2; ++hi)
         alpha[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_new[hi]));  // softmax_to's factor (same asm: CSE)
-      }
       softmax_to(m_new);  // rescales O by alpha, P into s, row sums, m_run = m_new
 
       // ---- hand P_i and alpha_i to warpgroup 1
@@ -142,7 +169,7 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
         // Buffer b ^ 1 was freed at the end of block i - 1 (its hi half
         // once warpgroup 1 was done with it too) and refilled while block i
         // ran: with the producer keeping up, these waits return at once.
-        const bool live_next = i + 1 < item.blocks;
+        const bool live_next = kPaired || i + 1 < item.blocks;
         const int ph_next = phase(round, i + 1);
         issue_s(b ^ 1, ph_next, kLo, kLo, live_next);
         mma::commit();
