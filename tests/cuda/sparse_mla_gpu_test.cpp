@@ -436,12 +436,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, SparseMlaSchedules,
                          });
 
 // Scores that rise along each row by far more than the kernel's running max
-// may lag (kMaxLag, head_rows_roles_consumer.cuh): the keys' amplitude grows
+// may lag (kMaxLag, head_rows_consumer.cuh): the keys' amplitude grows
 // with their slot, the rows list their slots in ascending order and the
 // softmax scale is 3, so the maxima in the log2 domain climb by ~250 over a
 // row of top-k 2048 (exp2 of that overflows float, so a maximum that failed
-// to move would show as inf / NaN). H 64 and 128 (the unpaired and the
-// paired roles kernels over fp8 caches, and bf16), whole rows and split ones.
+// to move would show as inf / NaN). H 64 and 128 (over fp8 caches the
+// unpaired and the paired roles consumers, over bf16 the consumers that
+// share one max), whole rows and split ones.
 using RisingParam = std::tuple<int, int, SparseSplitMode>;  // heads, variant index, mode
 
 class SparseMlaRisingScores : public ::testing::TestWithParam<RisingParam> {};

@@ -126,14 +126,30 @@ struct Consumer : ConsumerThread {
 #pragma unroll
     for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
   }
-  // mask_thread_max, then the row maxima in the log2 domain. S stays raw:
-  // the scale is folded into softmax_to's exp2 (one FMA), and as it is
-  // positive (check_scales) the maximum of the scaled scores is the scaled
-  // maximum.
-  __device__ __forceinline__ void mask_max(int buffer, int ph, float (&mx)[2]) {
-    mask_thread_max(buffer, ph, mx);
-    mx[0] = sm::quad_max(mx[0]) * scale_log2;
-    mx[1] = sm::quad_max(mx[1]) * scale_log2;
+  // How far (log2 domain) a score may exceed the running max before the max
+  // moves: P <= 2^8 then, as exact in bf16 as any P, and O and the row sums
+  // stay in range (FlashAttention-4's conditional rescale). The row sums, O
+  // and the lse are consistent for any max.
+  static constexpr float kMaxLag = 8.f;
+
+  // The rows' new maxima (log2 domain) from this thread's raw maxima `mx`
+  // (mask_thread_max), at least `floor` (the running max, or a larger one
+  // the other warpgroup published). While every score of the warp's rows is
+  // within kMaxLag of the running max, `floor` itself: one vote, no quad
+  // shuffles (which wait behind the producer's shared-memory traffic), and
+  // O needs no rescale. A running max of -inf (no valid key yet) never
+  // passes: -inf or NaN differences fail the test. S stays raw: the scale is
+  // folded into softmax_to's exp2 (one FMA), and as it is positive
+  // (check_scales) the maximum of the scaled scores is the scaled maximum.
+  __device__ __forceinline__ void raise_max(const float (&mx)[2], const float (&floor)[2], float (&m_new)[2]) const {
+    const bool within = mx[0] * scale_log2 - m_run[0] <= kMaxLag && mx[1] * scale_log2 - m_run[1] <= kMaxLag;
+    if (__all_sync(0xffffffffu, within)) {
+      m_new[0] = floor[0];
+      m_new[1] = floor[1];
+      return;
+    }
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) m_new[hi] = fmaxf(floor[hi], sm::quad_max(mx[hi]) * scale_log2);
   }
 
   // P = exp2(S scale_log2 - m_new), O and the row sums rescaled from m_run to m_new.
@@ -236,12 +252,11 @@ struct Consumer : ConsumerThread {
       else release(1, kLo);
       if (!more) pl::arrive(bars.q_empty());
 
-      // ---- one running max for both warpgroups
+      // ---- one running max for both warpgroups (both hold the last one in m_run)
       float mx[2], m_new[2];
-      mask_max(kWg, round & 1, mx);
+      mask_thread_max(kWg, round & 1, mx);
       if constexpr (kWg == 0) {
-        m_new[0] = fmaxf(m_run[0], mx[0]);
-        m_new[1] = fmaxf(m_run[1], mx[1]);
+        raise_max(mx, m_run, m_new);
         if (tq == 0) {
           max_pub[row(0)] = m_new[0];
           max_pub[row(1)] = m_new[1];
@@ -249,8 +264,8 @@ struct Consumer : ConsumerThread {
         pl::arrive(bars.max_ready(0));
       } else {
         pl::wait(bars.max_ready(0), round & 1);
-        m_new[0] = fmaxf(max_pub[row(0)], mx[0]);
-        m_new[1] = fmaxf(max_pub[row(1)], mx[1]);
+        const float published[2] = {max_pub[row(0)], max_pub[row(1)]};
+        raise_max(mx, published, m_new);
         if (tq == 0) {
           max_pub[kRows + row(0)] = m_new[0];
           max_pub[kRows + row(1)] = m_new[1];

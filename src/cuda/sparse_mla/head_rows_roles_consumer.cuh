@@ -60,7 +60,7 @@ template <int kWg, bool kPaired = true>
 struct RolesConsumer : Consumer<kWg, kPaired> {
   using Base = Consumer<kWg, kPaired>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
-  using Base::row, Base::release, Base::issue_s, Base::mask_thread_max, Base::scale_log2, Base::rescale_o,
+  using Base::row, Base::release, Base::issue_s, Base::mask_thread_max, Base::raise_max, Base::rescale_o,
       Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
 
   __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm) : Base(b, sm) {}
@@ -87,29 +87,12 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
 
   // ---- warpgroup 0
 
-  // How far (log2 domain) a score may exceed the running max before the max
-  // moves: P <= 2^8 then, as exact in bf16 as any P, and O and the row sums
-  // stay in range. While no score of a warp's rows exceeds it by more, the
-  // warp keeps its maxima: no exchange within the quads, no rescale of O.
-  static constexpr float kMaxLag = 8.f;
-
   // The rows' running maxima after block `b` (barrier parity `ph`): kept
-  // while the whole warp is within kMaxLag of them (a vote, no shuffles:
-  // warpgroup 0's chain waited on those shuffles behind the producer's
-  // shared-memory traffic), else the rows' maxima over the quad, as before.
-  // A running max of -inf (no valid key yet) never stays: -inf or NaN
-  // differences fail the test.
+  // while the whole warp is within kMaxLag of them (Consumer::raise_max).
   __device__ __forceinline__ void next_max(int b, int ph, float (&m_new)[2]) {
     float mx[2];
     mask_thread_max(b, ph, mx);
-    const bool within = mx[0] * scale_log2 - m_run[0] <= kMaxLag && mx[1] * scale_log2 - m_run[1] <= kMaxLag;
-    if (__all_sync(0xffffffffu, within)) {
-      m_new[0] = m_run[0];
-      m_new[1] = m_run[1];
-      return;
-    }
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) m_new[hi] = fmaxf(m_run[hi], sm::quad_max(mx[hi]) * scale_log2);
+    raise_max(mx, m_run, m_new);
   }
 
   // Blocks 0 .. 2 rounds - 1 of the item. With an odd block count the last
