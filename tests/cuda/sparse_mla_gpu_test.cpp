@@ -3,7 +3,8 @@
 // cache formats (fp8 with k_scale 1 and 3), valid counts from 0 to
 // top-k (and out-of-range counts, which the kernel clamps), slots outside the
 // cache inside the valid prefix and junk after it. Few tokens (split-KV path)
-// and many tokens (one CTA per token and head group) are both covered.
+// and many tokens (one CTA per token and head group) are both covered, and
+// scores that rise along a row far past the running max the kernel keeps.
 // Outputs sit between poisoned guard regions: every row must be written and
 // nothing outside them.
 #include <cuda_runtime.h>
