@@ -89,9 +89,7 @@ __host__ __device__ constexpr int first_half(int buffer) { return buffer == 0 ? 
 // written before bar.arrive and read after the peer's bar.sync is ordered by
 // the hardware, but compute-sanitizer's racecheck reports it as a hazard,
 // while it follows mbarrier arrive/wait.
-// kPvIssued: the roles consumers' order of products (head_rows_roles_consumer.cuh);
-// the keys-as-rows consumers use 3 and 4 (key_rows_lanes.cuh).
-enum NamedBarrier : int { kP0Ready = 0, kP1Ready = 1, kSumsReady = 2, kPvIssued = 5 };
+enum NamedBarrier : int { kP0Ready = 0, kP1Ready = 1, kSumsReady = 2 };
 
 // Byte offsets from a 1024-byte aligned base (swizzle atoms need it).
 inline constexpr int kSmemQ = 0;

@@ -10,10 +10,9 @@
 //     max and row sums, P_i = exp2(S_i - m), alpha_i = exp2(m_old - m); writes
 //     P_i (bf16) into buffer b's rope block and alpha_i into smem, signals
 //     p_ready(b); O[:, 0:256) = alpha_i O + P_i V_i (P from registers), with
-//     S_{i+1} issued before that product is waited for, and after warpgroup
-//     1 has issued its own P_i V_i (kPvIssued).
+//     S_{i+1} issued before that product is waited for.
 //   warpgroup 1: waits p_ready(b); O[:, 256:512) = alpha_i O + P_i V_i (P
-//     from smem), then signals kPvIssued. It holds no S, and no softmax state.
+//     from smem). It holds no S, and no softmax state.
 // Readers of a buffer's halves per block, hence the empty counts: lo (S, and
 // warpgroup 0's value columns) warpgroup 0 only, 128; hi (S, the rope block
 // that then holds P_i, warpgroup 1's value columns) both, 256; paired, plus
@@ -149,12 +148,6 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
       mma::fence();  // also for a block that does not exist (P = 0, see process_pv)
       issue_pv_registers(a, b);
       mma::commit();
-      // The next S only once warpgroup 1 has issued its P_i V_i, so that the
-      // tensor pipe runs that product before S and warpgroup 1 frees buffer
-      // b's hi half (the last of its halves to come free) one S half earlier:
-      // the producer's refill of it was the longest wait of this chain.
-      // Warpgroup 1 wakes while P_i V_i of this warpgroup runs.
-      pl::named_sync(kConsumerThreads, kPvIssued);
       if (i + 1 < n) {
         // Buffer b ^ 1 was freed at the end of block i - 1 (its hi half
         // once warpgroup 1 was done with it too) and refilled while block i
@@ -196,7 +189,6 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
       mma::fence();
       issue_pv_smem(roles_smem_p(b), b);
       mma::commit();
-      pl::named_arrive(kConsumerThreads, kPvIssued);
       mma::wait<0>();
       mma::fence_operands(o);
       release(b, kHi);  // its reads of the value columns and of P_i
