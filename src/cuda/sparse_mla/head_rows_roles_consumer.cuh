@@ -87,14 +87,6 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
 
   // ---- warpgroup 0
 
-  // The rows' running maxima after block `b` (barrier parity `ph`): kept
-  // while the whole warp is within kMaxLag of them (Consumer::raise_max).
-  __device__ __forceinline__ void next_max(int b, int ph, float (&m_new)[2]) {
-    float mx[2];
-    mask_thread_max(b, ph, mx);
-    raise_max(mx, m_run, m_new);
-  }
-
   // Blocks 0 .. 2 rounds - 1 of the item. With an odd block count the last
   // one does not exist: the producer still zero-fills its buffer and marks
   // its keys invalid, so its barriers are waited for and released like any
@@ -126,8 +118,9 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
       if (i + 1 == n) pl::arrive(bars.q_empty());
 
       // ---- softmax: the own running max, no exchange between warpgroups
-      float m_new[2], alpha[2];
-      next_max(b, ph, m_new);
+      float mx[2], m_new[2], alpha[2];
+      mask_thread_max(b, ph, mx);
+      raise_max(mx, m_run, m_new);  // kept while the warp is within kMaxLag of it
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi)
         alpha[hi] = sm::exp2_approx(m_run[hi] - sm::subtrahend(m_new[hi]));  // softmax_to's factor (same asm: CSE)
