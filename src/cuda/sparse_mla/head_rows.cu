@@ -167,4 +167,9 @@ LaneLaunch run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream) {
   return {};
 }
 
+#ifdef DSMLA_TRACE
+void clear_head_rows_trace() { trace::clear_stamps(); }
+std::vector<unsigned long long> read_head_rows_trace() { return trace::read_stamps(); }
+#endif
+
 }  // namespace dsmla::cuda::sparse_mla_detail

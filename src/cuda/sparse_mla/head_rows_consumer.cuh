@@ -207,8 +207,13 @@ struct Consumer : ConsumerThread {
   __device__ __forceinline__ void for_each_item(const KernelArgs& args, ProcessItem&& process_item) {
     int round = 0, q_uses = 0;
     visit_items<kPaired>(args, item, [&](int items_done) {
+      // Traced builds: every thread of the warpgroup stamps (no branch
+      // around the products in flight, C7520), the last store wins.
+      trace::stamp(trace_slot::kItemStart + 4 * kWg);
       process_item(round, q_uses);
+      trace::stamp(trace_slot::kBeforeEpilogue + 4 * kWg);
       epilogue(items_done & 1);
+      trace::stamp(trace_slot::kAfterEpilogue + 4 * kWg);
     });
   }
   __device__ __forceinline__ void run(const KernelArgs& args) {

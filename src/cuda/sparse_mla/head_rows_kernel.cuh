@@ -46,7 +46,10 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
   // start now: it takes multiprocessors this grid leaves idle and waits for
   // this grid to complete before it reads the partials.
-  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
+  if (threadIdx.x == 0) {
+    cudaTriggerProgrammaticLaunchCompletion();
+    trace::stamp_begin();
+  }
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // The runtime aligns dynamic smem to 16 B only; round up to the swizzle atom.
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
@@ -73,6 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   // Paired, the peer arrives on these barriers and writes this tile: both
   // CTAs' barriers are initialised before either starts.
   sync_all<kPaired>();
+  if (threadIdx.x == 0) trace::stamp(trace_slot::kInitDone);
   const int wg = threadIdx.x / 128;
   if (wg == 2) {
     pl::shrink_registers<kHeadRoles ? kRolesProducerRegs : kProducerRegs<kFp8>>();
@@ -111,6 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   // use. Paired, no CTA exits while its peer may still write into it or
   // arrive on its barriers.
   sync_all<kPaired>();
+  if (threadIdx.x == 0) trace::stamp_end();
 }
 
 }  // namespace dsmla::cuda::sparse_mla_detail::head_rows

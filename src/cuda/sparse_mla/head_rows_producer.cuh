@@ -53,6 +53,12 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) slots[b][i] = w.raw_slot(b, keys.row(i));
   }
+  if (t == 0) trace::stamp(trace_slot::kSlotsIssued);
+  // Traced builds: producer thread 0 stamps when its wait for a half's
+  // buffer returns and when it has stored the half.
+  auto stamp_half = [&](int base, int b, int half) {
+    if (t == 0) stamp_block(base, 2 * round + b, half);
+  };
   while (pos < sched.count) {
     pl::wait(bars.q_empty(), (q_loads & 1) ^ 1);
     const __nv_bfloat16* q_cta = p.q + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0) * kKeyDim;
@@ -67,6 +73,7 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
                     q_cta + (ok ? row * kKeyDim + 64 * d + 8 * c8 : 0), ok);
     }
     pl::arrive_on_copies(bars.q_full());
+    if (t == 0 && q_loads == 0) trace::stamp(trace_slot::kQueryIssued);
     ++q_loads;
 
     int count_ahead = 0, pos_ahead = sched.count;
@@ -126,7 +133,9 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       std::int32_t cur[kRowsPerThread], nxt[kRowsPerThread];  // buffer b's slots, and the next block's
       auto gather = [&]<int half>(int b, auto&& next) {
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+        stamp_half(trace_slot::kEmptyDone, b, half);
         keys.template store<half>(w, cur, b, smem, bars.full(b, half), next);
+        stamp_half(trace_slot::kStored, b, half);
         if constexpr (half == kLo) write_flags(b, cur);
       };
       for (int r = 0; r < w.rounds; ++r, ++round) {
@@ -178,8 +187,10 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
       auto gather = [&]<int b, int half, int nb, int nhalf>(bool chain) {
         if (!loaded) keys.load(w, slots[b], half);
         pl::wait(bars.empty(b, half), (round & 1) ^ 1);
+        stamp_half(trace_slot::kEmptyDone, b, half);
         keys.store(w, slots[b], half, b, smem, bars.full(b, half),
                    [&](int i) { if (chain) keys.load_unit(w, slots[nb], nhalf, i); });
+        stamp_half(trace_slot::kStored, b, half);
         loaded = chain;
         write_valid.template operator()<b, half>();
       };
@@ -211,12 +222,16 @@ __device__ __forceinline__ void produce(const KernelArgs& args, const Barriers& 
           for (int i = 0; i < kRowsPerThread; ++i) after[i] = w.raw_slot(k + 2, keys.row(i));  // -1 past the keys
           if (k == 0) keys.load(w, slots[0], kLo);  // later blocks' lo halves: chained by the block before
           pl::wait(bars.empty(b, kLo), (round & 1) ^ 1);
+          stamp_half(trace_slot::kEmptyDone, b, kLo);
           keys.store(w, slots[0], kLo, b, smem, bars.full(b, kLo), [&](int i) { keys.load_unit(w, slots[0], kHi, i); });
+          stamp_half(trace_slot::kStored, b, kLo);
           write_flags(b, slots[0]);
           const bool chain = k + 1 < n;
           pl::wait(bars.empty(b, kHi), (round & 1) ^ 1);
+          stamp_half(trace_slot::kEmptyDone, b, kHi);
           keys.store(w, slots[0], kHi, b, smem, bars.full(b, kHi),
                      [&](int i) { if (chain) keys.load_unit(w, slots[1], kLo, i); });
+          stamp_half(trace_slot::kStored, b, kHi);
           round += b;
 #pragma unroll
           for (int i = 0; i < kRowsPerThread; ++i) {

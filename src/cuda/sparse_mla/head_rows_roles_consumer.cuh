@@ -101,6 +101,7 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
   __device__ __forceinline__ void process_s_softmax(int round, int& q_uses) {
     const int n = 2 * item.rounds;
     pl::wait(bars.q_full(), q_uses & 1);
+    if (q_uses == 0) trace::stamp(trace_slot::kQueryLanded);
     pl::fence_smem_for_mma();
     ++q_uses;
     issue_s(0, phase(round, 0), kLo, kLo, true);  // block 0 always exists
@@ -112,6 +113,7 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
     for (int i = 0; i < n; ++i) {
       const int b = i & 1;
       const int ph = phase(round, i);
+      stamp_block(trace_slot::kWg0, 2 * round + i, 0);
       // S_i is done: the last read of the hi half but for P (which
       // warpgroup 1 releases), and after the item's last block, of the query.
       release(b, kHi);
@@ -135,6 +137,7 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
         alpha_pub(b)[row(1)] = alpha[1];
       }
       pl::arrive(p_ready(b));
+      stamp_block(trace_slot::kWg0, 2 * round + i, 1);
 
       // ---- O += P_i V_i (registers), overlapped with the next S
       mma::fence_operands(o);
@@ -172,6 +175,7 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
     for (int i = 0; i < n; ++i) {
       const int b = i & 1;
       pl::wait(p_ready(b), phase(round, i));
+      stamp_block(trace_slot::kWg1, 2 * round + i, 0);
       rescale_o(alpha_pub(b)[row(0)], alpha_pub(b)[row(1)]);
       mma::fence_operands(o);
       // Also for a block that does not exist: warpgroup 0 wrote its P as
@@ -184,6 +188,7 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
       mma::commit();
       mma::wait<0>();
       mma::fence_operands(o);
+      stamp_block(trace_slot::kWg1, 2 * round + i, 1);
       release(b, kHi);  // its reads of the value columns and of P_i
     }
   }

@@ -7,6 +7,7 @@
 
 #include "cuda/common/pipeline.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/sparse_mla/head_rows_layout.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
@@ -199,6 +200,32 @@ struct Barriers {
   __device__ pl::Mbarrier* sums_ready() const { return base + 14; }
   __device__ pl::Mbarrier* sums_read() const { return base + 15; }
 };
+
+// Traced builds (DSMLA_TRACE, cuda/common/trace.cuh): what the slots of a
+// CTA's row hold besides trace::kBegin / kEnd, as SM clock stamps; block k
+// counts the CTA's key blocks over all its items (k < kTraceBlocks).
+namespace trace_slot {
+inline constexpr int kInitDone = 4;       // barriers initialised (after the first CTA-wide sync)
+inline constexpr int kSlotsIssued = 6;    // producer: the first item's first slots issued
+inline constexpr int kQueryIssued = 7;    // producer: its query copies issued
+inline constexpr int kItemStart = 8;      // consumer warpgroup w at 8 + 4 w: its last item's start,
+inline constexpr int kBeforeEpilogue = 9; //   + 1 the epilogue's start, + 2 its end,
+inline constexpr int kAfterEpilogue = 10;
+inline constexpr int kQueryLanded = 11;   //   + 3 (warpgroup 0) its first query wait returned
+inline constexpr int kTraceBlocks = 64;
+inline constexpr int kStored = 16;        // + 2 k + half: the producer stored that half (full arrived)
+inline constexpr int kEmptyDone = 144;    // + 2 k + half: the producer's wait for that half's buffer returned
+inline constexpr int kWg0 = 272;          // + 2 k: S_k done; + 2 k + 1: P_k handed over (roles warpgroup 0)
+inline constexpr int kWg1 = 400;          // + 2 k: P_k received; + 2 k + 1: its P_k V_k done (warpgroup 1)
+static_assert(kWg1 + 2 * kTraceBlocks <= trace::kSlots);
+}  // namespace trace_slot
+// Event `e` (0 / 1) of block k at `base` (trace_slot), from one thread.
+__device__ __forceinline__ void stamp_block([[maybe_unused]] int base, [[maybe_unused]] int k,
+                                            [[maybe_unused]] int e) {
+#ifdef DSMLA_TRACE
+  if (k < trace_slot::kTraceBlocks) trace::stamp(base + 2 * k + e);
+#endif
+}
 
 // What every consumer thread starts from (head_rows_consumer.cuh,
 // key_rows_lanes.cuh): the item it works on, the barriers, shared memory

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 
@@ -44,5 +46,12 @@ struct LaneLaunch {
 
 // The warp-specialised kernel, every cache format and head count (head_rows_kernel.cuh).
 LaneLaunch run_head_rows_kernel(const KernelArgs& args, cudaStream_t stream);
+
+#ifdef DSMLA_TRACE
+// Traced builds: the head_rows kernel's stamps (head_rows_work.cuh, trace_slot),
+// kCtas rows of kSlots (cuda/common/trace.cuh); cleared before a launch to read.
+void clear_head_rows_trace();
+std::vector<unsigned long long> read_head_rows_trace();
+#endif
 
 }  // namespace dsmla::cuda::sparse_mla_detail

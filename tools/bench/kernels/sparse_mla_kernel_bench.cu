@@ -3,7 +3,7 @@
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
 //   build/sparse_mla_kernel_bench [--quick | --small-heads | --decode-sweep] [--case TEXT] [--own-inputs]
-//                                 [--gather-ceiling] | --fence-probe
+//                                 [--gather-ceiling] [--trace FILE] | --fence-probe
 //
 // --small-heads: the H 16 / 32 cases next to H 64 (prefill S 256..4096, decode B 1..128).
 // --decode-sweep: fp8_ds_mla decode at H 128 and H 64 over the batch sizes
@@ -12,6 +12,11 @@
 // --gather-ceiling: after each case, the time to read its valid key rows once
 // with nothing else (gather_ceiling.cuh), and the case's gathered bytes per
 // second against it.
+// --trace FILE (a build with -DDSMLA_TRACE=ON only): after each case's timing,
+// one more launch whose per-CTA clock stamps (head_rows_work.cuh, trace_slot)
+// are appended to FILE as CSV rows case,cta,slot,value (nonzero stamps only);
+// bench/trace_timeline.py reads them. The stamps' stores perturb the kernel:
+// read timelines from them, never times.
 // --fence-probe: only the probe of fence_probe.cuh (does the fp8 producer's
 // proxy fence wait for its loads in flight?), no cases.
 // --case TEXT: only the cases whose name contains TEXT (e.g. "decode fp8_ds_mla
@@ -43,6 +48,8 @@
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/trace.cuh"
+#include "cuda/sparse_mla/kernel_args.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
 #include "dsmla/types.hpp"
@@ -73,6 +80,7 @@ using dsmla::bench::mix64;
 //     scales in [0.5, 1.5] / 448; DeepSeek-V3.2's softmax scale.
 bool g_own_inputs = false;
 bool g_gather_ceiling = false;  // --gather-ceiling
+std::string g_trace_file;       // --trace FILE
 
 // Element i of a tensor seeded `seed` as bf16 bits: uniform in [-amp, amp) (own inputs) or standard normal (the anchors').
 __device__ inline std::uint16_t random_bf16(std::uint64_t i, std::uint64_t seed, float amp, bool own) {
@@ -340,6 +348,22 @@ Result run_case(const Case& c, int warmup, int reps) {
   r.tflops = 2.0 * valid * H * (576 + 512) / (r.us * 1e-6) / 1e12;
   std::printf("  median %.1f us (min %.1f, max %.1f) = %.1f TFLOP/s\n", r.us, ms.front() * 1e3,
               ms.back() * 1e3, r.tflops);
+#ifdef DSMLA_TRACE
+  if (!g_trace_file.empty()) {
+    namespace detail = dsmla::cuda::sparse_mla_detail;
+    detail::clear_head_rows_trace();
+    dsmla::cuda::launch_sparse_mla(p, nullptr);
+    DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<unsigned long long> stamps = detail::read_head_rows_trace();
+    std::FILE* f = std::fopen(g_trace_file.c_str(), "a");
+    if (f == nullptr) throw dsmla::Error("cannot append to --trace file '" + g_trace_file + "'");
+    for (std::size_t i = 0; i < stamps.size(); ++i)
+      if (stamps[i] != 0)
+        std::fprintf(f, "%s,%zu,%zu,%llu\n", c.name.c_str(), i / dsmla::cuda::trace::kSlots,
+                     i % dsmla::cuda::trace::kSlots, stamps[i]);
+    std::fclose(f);
+  }
+#endif
   if (g_gather_ceiling) {
     // Bytes the kernel gathers: every valid row once per head block (paired
     // CTAs split a row's loads between them, so the pair reads it once).
@@ -371,12 +395,19 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
     else if (std::strcmp(argv[i], "--gather-ceiling") == 0) g_gather_ceiling = true;
     else if (std::strcmp(argv[i], "--fence-probe") == 0) fence_probe = true;
+    else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) g_trace_file = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling, --fence-probe)\n",
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling, --trace FILE, --fence-probe)\n",
                    argv[i]);
       return 2;
     }
   }
+#ifndef DSMLA_TRACE
+  if (!g_trace_file.empty()) {
+    std::fprintf(stderr, "--trace needs a build with -DDSMLA_TRACE=ON\n");
+    return 2;
+  }
+#endif
   if (fence_probe) {
     dsmla::bench::run_fence_probe();
     return 0;
