@@ -2,7 +2,7 @@
 // DSMLA_TRACE, off by default: then every call here compiles to nothing and
 // the kernels are unchanged). A traced build records, for CTA c < kCtas,
 // SM clock stamps into row c of a device array that the launcher's host side
-// copies out (read_stamps). Slots 0-3 are written by stamp_begin /
+// copies out (read_stamps). Slots 0-3 and 15 are written by stamp_begin /
 // stamp_end; what the other slots mean is the traced kernel's (its launcher
 // documents them). The timeline reader is bench/trace_timeline.py.
 #pragma once
@@ -64,8 +64,9 @@ __device__ __forceinline__ void stamp_end() {
 #ifdef DSMLA_TRACE
 // Host: zero the stamps (before the traced launch), and copy them out.
 inline void clear_stamps() {
-  static const std::vector<unsigned long long> zeros(static_cast<std::size_t>(kCtas) * kSlots, 0ull);
-  DSMLA_CUDA_CHECK(cudaMemcpyToSymbol(g_stamps, zeros.data(), zeros.size() * sizeof(zeros[0])));
+  void* stamps = nullptr;
+  DSMLA_CUDA_CHECK(cudaGetSymbolAddress(&stamps, g_stamps));
+  DSMLA_CUDA_CHECK(cudaMemset(stamps, 0, sizeof(g_stamps)));
 }
 inline std::vector<unsigned long long> read_stamps() {
   std::vector<unsigned long long> out(static_cast<std::size_t>(kCtas) * kSlots);
