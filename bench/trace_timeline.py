@@ -103,6 +103,11 @@ def report(name, ctas):
                 phases["wg1: last P V done"].append(us[WG1 + 2 * last + 1])
             if WG0 in us and WG0 + 2 * last in us and last > 0:
                 phases["wg0: mean S_k to S_k+1"].append((us[WG0 + 2 * last] - us[WG0]) / last)
+                # The longest step and where it is (an item switch shows as one per item).
+                gaps = [(us[WG0 + 2 * (k + 1)] - us[WG0 + 2 * k], k) for k in blocks[:-1]]
+                longest, at = max(gaps)
+                phases["wg0: longest S_k to S_k+1"].append(longest)
+                phases["wg0: ... at block k"].append(at)
         for k in range(BLOCKS):
             s, p = us.get(WG0 + 2 * k), us.get(WG0 + 2 * k + 1)
             s_next = us.get(WG0 + 2 * (k + 1))

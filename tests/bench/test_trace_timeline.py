@@ -45,6 +45,7 @@ def test_timeline_of_two_ctas(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "kernel span (first start to last end, globaltimer) 17.00 us" in out  # 2 us later start + 15 us
     assert "| wg0: S_k done to S_k+1 done | 3.00 | 3.00 | 3.00 | 3.00 | 6 |" in out
+    assert "| wg0: longest S_k to S_k+1 | 3.00 | 3.00 | 3.00 | 3.00 | 2 |" in out
     assert "| producer: lo convert + store | 0.25 | 0.25 | 0.25 | 0.25 | 8 |" in out
     assert "| start after the first CTA | 0.00 | 0.00 | 2.00 | 2.00 | 2 |" in out  # p50 of two: the lower
 
