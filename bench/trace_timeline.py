@@ -28,6 +28,8 @@ BEGIN_NS, BEGIN_CLK, SMID, END_NS, END_CLK = 0, 1, 2, 3, 15
 INIT_DONE, SLOTS_ISSUED, QUERY_ISSUED = 4, 6, 7
 ITEM_START, BEFORE_EPILOGUE, AFTER_EPILOGUE, QUERY_LANDED = 8, 9, 10, 11
 BLOCKS, STORED, EMPTY_DONE, WG0, WG1 = 64, 16, 144, 272, 400
+# (the kernel's side: trace::kBegin / kEnd / kEndClock in src/cuda/common/trace.cuh,
+# trace_slot in src/cuda/sparse_mla/head_rows_work.cuh)
 
 
 def pct(values, q):
@@ -59,7 +61,7 @@ def cta_timeline(stamps):
     return us, ghz
 
 
-def row(label, values, unit="us"):
+def row(label, values):
     if not values:
         return f"| {label} | - | - | - | - | 0 |"
     return (f"| {label} | {pct(values, 0.1):.2f} | {pct(values, 0.5):.2f} | {pct(values, 0.9):.2f} | "
@@ -124,7 +126,8 @@ def report(name, ctas):
                 e, st = us.get(EMPTY_DONE + 2 * k + half), us.get(STORED + 2 * k + half)
                 if e is not None and st is not None:
                     per_block[f"producer: {hname} convert + store"].append(st - e)
-                prev = us.get(STORED + 2 * k + half - 1) if half == 1 else us.get(STORED + 2 * (k - 1) + 1)
+                # The half stored before this one (none before block 0's lo half).
+                prev = us.get(STORED + 2 * k + half - 1) if 2 * k + half > 0 else None
                 if e is not None and prev is not None:
                     per_block[f"producer: stored before to {hname} buffer free"].append(e - prev)
             st_hi = us.get(STORED + 2 * k + 1)

@@ -6,7 +6,6 @@
 // stamp_end; what the other slots mean is the traced kernel's (its launcher
 // documents them). The timeline reader is bench/trace_timeline.py.
 #pragma once
-#include <cstdint>
 
 #ifdef DSMLA_TRACE
 #include <vector>
