@@ -70,6 +70,24 @@ bool few_blocks_per_item(const KernelArgs& args) {
   return (keys + kTileKeys - 1) / kTileKeys <= kBlockLoopMaxBlocks;
 }
 
+// The schedule's divisors (KernelArgs, head_rows_work.cuh) for a launch of
+// `lanes` lanes of `items_per_row` items (lanes > 0: balanced).
+void set_schedule_divisors(KernelArgs& a, int items_per_row) {
+  using head_rows::head_blocks;
+  const int row_blocks = (a.p.topk + kTileKeys - 1) / kTileKeys;
+  a.by_splits = cutlass::FastDivmod(a.num_splits);
+  a.by_head_blocks = cutlass::FastDivmod(head_blocks(a.p.num_heads));
+  a.by_row_blocks = cutlass::FastDivmod(row_blocks);
+  if (a.lanes > 0) {
+    // lane_start(total, lane, lanes) = lane (total / lanes) + lane (total % lanes) / lanes.
+    const std::int64_t total = static_cast<std::int64_t>(a.p.num_tokens) * head_blocks(a.p.num_heads) /
+                               items_per_row * row_blocks;  // < 2^31 (the launcher's check)
+    a.by_lanes = cutlass::FastDivmod(a.lanes);
+    a.lane_blocks = static_cast<int>(total / a.lanes);
+    a.lane_extra = static_cast<int>(total % a.lanes);
+  }
+}
+
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false,
           bool kBlockLoop = false>
 LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
@@ -125,6 +143,7 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
     lanes = std::min({static_cast<std::int64_t>(args.lanes / kItemsPerRow), resident / kItemsPerRow, key_blocks});
     kernel_args.lanes = static_cast<int>(lanes);
   }
+  set_schedule_divisors(kernel_args, kItemsPerRow);
   config.gridDim = dim3(static_cast<unsigned>(lanes * kItemsPerRow));
   check_cuda(cudaLaunchKernelEx(&config, kernel, kernel_args), "sparse MLA kernel launch");
   return {kernel_args.lanes, kItemsPerRow};

@@ -41,9 +41,9 @@ struct WorkItem {
   __device__ WorkItem(const KernelArgs& a, int item, int count, int block_begin, int block_end, int slot,
                       bool balanced)
       : p(&a.p), args(&a) {
-    const int blocks_of_heads = head_blocks(p->num_heads);
-    token = item / blocks_of_heads;
-    head0 = (item % blocks_of_heads) * kRows;
+    int head_block;
+    a.by_head_blocks(token, head_block, item);
+    head0 = head_block * kRows;
     heads = min(kRows, p->num_heads - head0);
     part_row = slot < 0 ? -1 : balanced ? slot * kRows : (slot * p->num_tokens + token) * p->num_heads + head0;
     count = min(max(count, 0), p->topk);
@@ -97,37 +97,38 @@ struct Schedule {
   // Positions: rows x splits (whole / equal splits), or rows (balanced: the
   // lane's rows, start = its first); no more state than that, so that the
   // producer's registers stay as they were before the balanced schedule.
-  int start, stride, count, rank, splits;
+  int start, stride, count, rank;
 
-  __device__ explicit Schedule(const KernelArgs& a) : splits(a.num_splits) {
+  __device__ explicit Schedule(const KernelArgs& a) {
     rank = kPaired ? pair_rank() : 0;
     if (a.lanes > 0) {
       const LaneRange r = lane_range(a);
-      start = r.first / r.row_blocks;
+      start = a.by_row_blocks.div(r.first);
       stride = 1;
-      count = r.end > r.first ? (r.end - 1) / r.row_blocks + 1 : 0;
+      count = r.end > r.first ? a.by_row_blocks.div(r.end - 1) + 1 : 0;
     } else {
       start = static_cast<int>(blockIdx.x) / kItemsPerRow;
       stride = static_cast<int>(gridDim.x) / kItemsPerRow;
-      count = num_items(a) / kItemsPerRow * splits;  // head_blocks is even when paired (the launcher's choice)
+      count = num_items(a) / kItemsPerRow * a.num_splits;  // head_blocks is even when paired (the launcher's choice)
     }
   }
   // Balanced: this lane's range of the rows' concatenated key blocks (< 2^31,
-  // the launcher's check), recomputed where needed rather than held.
+  // the launcher's check), recomputed where needed rather than held. The
+  // lane starts are lane_start(total, lane, lanes) (kernel_args.hpp) from the
+  // launcher's quotient and remainder.
   struct LaneRange {
     int first, end, row_blocks;
   };
   static __device__ LaneRange lane_range(const KernelArgs& a) {
     const int lane = static_cast<int>(blockIdx.x) / kItemsPerRow;
-    const int row_blocks = (a.p.topk + kBlockKeys - 1) / kBlockKeys;
-    const int total = num_items(a) / kItemsPerRow * row_blocks;
-    return {lane_start(total, lane, a.lanes), lane_start(total, lane + 1, a.lanes), row_blocks};
+    auto start_of = [&](int l) { return l * a.lane_blocks + a.by_lanes.div(l * a.lane_extra); };
+    return {start_of(lane), start_of(lane + 1), a.by_row_blocks.divisor};
   }
   // The item (no split) at `pos`.
-  __device__ int item(int pos) const { return kItemsPerRow * (pos / splits) + rank; }
+  __device__ int item(const KernelArgs& a, int pos) const { return kItemsPerRow * a.by_splits.div(pos) + rank; }
   // The valid count of the item at `pos` (a load issued early), 0 past the last one.
   __device__ int load_count(const KernelArgs& a, int pos) const {
-    return pos < count ? __ldg(a.p.valid_counts + item(pos) / head_blocks(a.p.num_heads)) : 0;
+    return pos < count ? __ldg(a.p.valid_counts + a.by_head_blocks.div(item(a, pos))) : 0;
   }
   // One construction for every schedule (separate ones, merged, made ptxas
   // address the kernel parameters through a generic pointer: slower loads,
@@ -136,7 +137,8 @@ struct Schedule {
     const bool balanced = a.lanes > 0;
     int it = num_items(a), begin = 0, end = 0, slot = -1;
     if (pos < count) {
-      it = item(pos);
+      int split;
+      it = kItemsPerRow * a.by_splits.divmod(split, pos) + rank;  // item(a, pos), and the split
       if (balanced) {
         const LaneRange r = lane_range(a);
         const int row_start = pos * r.row_blocks;
@@ -144,10 +146,10 @@ struct Schedule {
         end = min(r.end - row_start, r.row_blocks);
         if (begin > 0 || end < r.row_blocks) slot = 2 * static_cast<int>(blockIdx.x) + (pos == start ? 0 : 1);
       } else {
-        const int split = pos % splits, split_blocks = a.split_keys / kBlockKeys;
+        const int split_blocks = a.split_keys / kBlockKeys;
         begin = split * split_blocks;
         end = begin + split_blocks;
-        if (splits > 1) slot = split;
+        if (a.num_splits > 1) slot = split;
       }
     }
     return WorkItem(a, it, pos < count ? valid_count : 0, begin, end, slot, balanced);

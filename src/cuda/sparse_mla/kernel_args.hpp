@@ -2,6 +2,7 @@
 // block x a range of the top-k positions).
 #pragma once
 #include <cuda_runtime.h>
+#include <cutlass/fast_math.h>
 
 #include <vector>
 
@@ -26,6 +27,13 @@ struct KernelArgs {
   // balanced: rows [2 x CTAs, 64] (two slots of a CTA's 64 head rows).
   float* part_lse = nullptr;   // a float per row
   float* part_o = nullptr;     // 512 floats per row
+  // The schedule's divisors (head_rows_work.cuh), set by the launcher
+  // (head_rows.cu, set_schedule_divisors): CUTLASS's multiply-and-shift
+  // division. A division by a run-time value is ~20 instructions at each of
+  // its inlined uses; they made a sixth of the kernel's code, which every
+  // multiprocessor fetches cold (sparse_mla/NOTES.md, session 42).
+  cutlass::FastDivmod by_splits, by_head_blocks, by_row_blocks, by_lanes;
+  int lane_blocks = 0, lane_extra = 0;  // balanced: total key blocks / lanes, and % lanes
 };
 
 // Where lane `lane` of `lanes` starts in the balanced schedule's `total`
