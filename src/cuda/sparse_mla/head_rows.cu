@@ -70,8 +70,8 @@ bool few_blocks_per_item(const KernelArgs& args) {
   return (keys + kTileKeys - 1) / kTileKeys <= kBlockLoopMaxBlocks;
 }
 
-// The schedule's divisors (KernelArgs, head_rows_work.cuh) for a launch of
-// `lanes` lanes of `items_per_row` items (lanes > 0: balanced).
+// The schedule's divisors (KernelArgs, head_rows_work.cuh) once the launch's
+// lanes are set (a.lanes > 0: balanced, lanes of `items_per_row` items).
 void set_schedule_divisors(KernelArgs& a, int items_per_row) {
   using head_rows::head_blocks;
   const int row_blocks = (a.p.topk + kTileKeys - 1) / kTileKeys;
