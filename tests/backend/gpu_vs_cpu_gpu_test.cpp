@@ -459,8 +459,13 @@ LatentStaging staging_of(const Case& c) {
 class GpuLatentStaging : public ::testing::TestWithParam<int /*cache*/> {};
 
 // The staged rows hold bf16(e4m3 * scale), the values the kernel's own
-// dequantisation gives, so a prefill batch returns the same bits staged or not
-// (DSMLA_STAGE_LATENT=0, read when the backend is built, turns staging off).
+// dequantisation gives, so a prefill batch returns the same result staged or
+// not (DSMLA_STAGE_LATENT=0, read when the backend is built, turns staging
+// off). The same values, not the same bits: over an fp8 cache at 64 heads the
+// kernel runs the roles consumers (head_rows.cu, unpaired_head_roles), over
+// the staged bf16 rows the consumers that share each round, and the two add
+// the row sums in different orders. (Bit for bit while both ran the shared
+// rounds; session 42 found the comparison failing on the GPU.)
 TEST_P(GpuLatentStaging, SameBitsAsDequantisingInTheKernel) {
   DSMLA_SKIP_WITHOUT_GPU();
   SyntheticSpec spec = make_spec(kCaches[GetParam()], 64, 32, 128);
@@ -480,12 +485,13 @@ TEST_P(GpuLatentStaging, SameBitsAsDequantisingInTheKernel) {
   const test::ForwardResult staged = expect_matches_cpu(c, "staged");
   ASSERT_EQ(setenv("DSMLA_STAGE_LATENT", "0", 1), 0);
   const std::size_t in_kernel_workspace = workspace_bytes();
-  const test::ForwardResult in_kernel = run_gpu_forward(c);
+  const test::ForwardResult in_kernel = expect_matches_cpu(c, "dequantised in the kernel");
   unsetenv("DSMLA_STAGE_LATENT");
   // The staged run really staged: its workspace holds the 1600 bf16 rows.
   EXPECT_GE(staged_workspace, in_kernel_workspace + std::size_t{1600} * 2 * kLatentKeyDim);
-  EXPECT_TRUE(staged.out == in_kernel.out) << "out differs between staged and in-kernel dequantisation";
-  EXPECT_TRUE(staged.lse == in_kernel.lse) << "lse differs between staged and in-kernel dequantisation";
+  const CompareReport agree = compare_outputs(staged.out, staged.lse, in_kernel.out, in_kernel.lse,
+                                              tolerance_for(c.cache_format), c.num_heads);
+  EXPECT_TRUE(agree.ok()) << "staged against in-kernel dequantisation: " << agree.summary();
 }
 
 // Staged prefills between unstaged decodes: the backend orders the unstaged
