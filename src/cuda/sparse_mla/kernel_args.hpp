@@ -30,7 +30,7 @@ struct KernelArgs {
   // The schedule's divisors (head_rows_work.cuh), set by the launcher
   // (head_rows.cu, set_schedule_divisors): CUTLASS's multiply-and-shift
   // division. A division by a run-time value is ~20 instructions at each of
-  // its inlined uses; they made a sixth of the kernel's code, which every
+  // its inlined uses; they made nearly a quarter of the kernel's code, which every
   // multiprocessor fetches cold (sparse_mla/NOTES.md, session 42).
   cutlass::FastDivmod by_splits, by_head_blocks, by_row_blocks, by_lanes;
   int lane_blocks = 0, lane_extra = 0;  // balanced: total key blocks / lanes, and % lanes
