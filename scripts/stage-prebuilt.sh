@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds this checkout's sparse/dense kernel shim and GPU tests here (CUDA
+# toolkit, no GPU needed; sm_90a) and copies them to .exp/NAME/ for a short
+# device call that builds nothing (scripts/gpu-prebuilt.sh; carry [".anchors",
+# ".exp", ".tree"]). The binaries need only the CUDA runtime on the device.
+# Check out a branch, stage it, check out the next: BUILD_DIR is reused, so a
+# branch that differs in a few files rebuilds in a minute or two (a first
+# build takes ~15 min on two cores).
+# Usage: scripts/stage-prebuilt.sh NAME [BUILD_DIR]   (BUILD_DIR default /tmp/dsmla-prebuilt)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+name=${1:?usage: scripts/stage-prebuilt.sh NAME [BUILD_DIR]}
+build=${2:-/tmp/dsmla-prebuilt}
+[ "${name#*/}" = "$name" ] || { echo "stage-prebuilt: NAME '$name' must not contain '/'" >&2; exit 2; }
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+[ -f "$build/build.ninja" ] ||
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null
+ninja -C "$build" dsmla_kernel_shim test_gpu_cuda test_gpu_backend
+rm -rf ".exp/$name"; mkdir -p ".exp/$name/tests"
+cp "$build/libdsmla_kernel_shim.so" ".exp/$name/"
+cp "$build/tests/test_gpu_cuda" "$build/tests/test_gpu_backend" ".exp/$name/tests/"
+echo "$(git rev-parse --short HEAD) $(git rev-parse --abbrev-ref HEAD)$(git diff --quiet HEAD || echo ' (uncommitted changes)')" \
+  >".exp/$name/.tree"
+git rev-parse HEAD >.tree
+echo ".exp/$name <- $(cat ".exp/$name/.tree") ($(du -sh ".exp/$name" | cut -f1))"
