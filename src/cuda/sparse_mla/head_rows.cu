@@ -71,20 +71,16 @@ bool few_blocks_per_item(const KernelArgs& args) {
 }
 
 // The schedule's divisors (KernelArgs, head_rows_work.cuh) once the launch's
-// lanes are set (a.lanes > 0: balanced, lanes of `items_per_row` items).
-void set_schedule_divisors(KernelArgs& a, int items_per_row) {
-  using head_rows::head_blocks;
-  const int row_blocks = (a.p.topk + kTileKeys - 1) / kTileKeys;
+// lanes are set; balanced (a.lanes > 0), the rows' `key_blocks` cut into them.
+void set_schedule_divisors(KernelArgs& a, std::int64_t key_blocks) {
   a.by_splits = cutlass::FastDivmod(a.num_splits);
-  a.by_head_blocks = cutlass::FastDivmod(head_blocks(a.p.num_heads));
-  a.by_row_blocks = cutlass::FastDivmod(row_blocks);
+  a.by_head_blocks = cutlass::FastDivmod(head_rows::head_blocks(a.p.num_heads));
+  a.by_row_blocks = cutlass::FastDivmod((a.p.topk + kTileKeys - 1) / kTileKeys);
   if (a.lanes > 0) {
     // lane_start(total, lane, lanes) = lane (total / lanes) + lane (total % lanes) / lanes.
-    const std::int64_t total = static_cast<std::int64_t>(a.p.num_tokens) * head_blocks(a.p.num_heads) /
-                               items_per_row * row_blocks;  // < 2^31 (the launcher's check)
     a.by_lanes = cutlass::FastDivmod(a.lanes);
-    a.lane_blocks = static_cast<int>(total / a.lanes);
-    a.lane_extra = static_cast<int>(total % a.lanes);
+    a.lane_blocks = static_cast<int>(key_blocks / a.lanes);
+    a.lane_extra = static_cast<int>(key_blocks % a.lanes);
   }
 }
 
@@ -132,18 +128,18 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
   constexpr int kItemsPerRow = kPaired ? 2 : 1;
   KernelArgs kernel_args = args;  // cudaLaunchKernelEx takes the arguments' addresses as void*
   std::int64_t lanes = std::min(items, resident) / kItemsPerRow;
+  const std::int64_t key_blocks = items / kItemsPerRow * ((args.p.topk + kBlockKeys - 1) / kBlockKeys);
   if (args.lanes > 0) {
     // Balanced: as many lanes as fit, but no more than the rows' key blocks
     // (so that every lane gets at least one), nor than args.lanes CTAs (the
     // partial slots the workspace holds: two per CTA).
-    const std::int64_t key_blocks = items / kItemsPerRow * ((args.p.topk + kBlockKeys - 1) / kBlockKeys);
     if (key_blocks > INT32_MAX)  // the schedule counts blocks in 32 bits (head_rows_work.cuh)
       throw Error("sparse MLA kernel: balanced schedule over " + std::to_string(key_blocks) +
                   " key blocks exceeds 2^31");
     lanes = std::min({static_cast<std::int64_t>(args.lanes / kItemsPerRow), resident / kItemsPerRow, key_blocks});
     kernel_args.lanes = static_cast<int>(lanes);
   }
-  set_schedule_divisors(kernel_args, kItemsPerRow);
+  set_schedule_divisors(kernel_args, key_blocks);
   config.gridDim = dim3(static_cast<unsigned>(lanes * kItemsPerRow));
   check_cuda(cudaLaunchKernelEx(&config, kernel, kernel_args), "sparse MLA kernel launch");
   return {kernel_args.lanes, kItemsPerRow};
