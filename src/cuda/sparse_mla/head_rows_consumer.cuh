@@ -20,8 +20,23 @@ __device__ __forceinline__ void quad_swap(T& lo, T& hi, int mask, int tq) {
   else hi = got;
 }
 
+// The warpgroup of a Consumer: kWg (0, 1), or with kWg = -1 a run-time
+// value, for one instance that both warpgroups run (the unpaired roles
+// consumers, so that the kernel holds one copy of the epilogue, not one per
+// warpgroup). An empty base for kWg >= 0, so that those instances keep their
+// code: even an unused int member changed the paired kernel's SASS.
+template <int kWg>
+struct WarpgroupOf {
+  __device__ static constexpr int wgi() { return kWg; }
+};
+template <>
+struct WarpgroupOf<-1> {
+  int wg = 0;
+  __device__ int wgi() const { return wg; }
+};
+
 template <int kWg, bool kPaired>
-struct Consumer : ConsumerThread {
+struct Consumer : ConsumerThread, WarpgroupOf<kWg> {
   static constexpr int kOther = 1 - kWg;
   static constexpr int kFirst = first_half(kWg);  // half of its buffer S reads first
   static constexpr int kSecond = 1 - kFirst;
@@ -38,6 +53,7 @@ struct Consumer : ConsumerThread {
     peer_rank = kPaired ? 1 - pair_rank() : 0;
   }
   __device__ int row(int hi) const { return 16 * warp + g + 8 * hi; }
+  using WarpgroupOf<kWg>::wgi;
 
   // After waiting for a key buffer (or the query) and before the wgmma that
   // reads it. Unpaired, what lands there is cp.async copies (bf16 keys and
@@ -187,13 +203,13 @@ struct Consumer : ConsumerThread {
 
   // O += P V over the value columns of this warpgroup in buffer `b`.
   __device__ __forceinline__ void issue_pv_registers(const std::uint32_t (&a)[4][4], int b) {
-    const mma::DescAddr v = s_base + (kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes);
+    const mma::DescAddr v = s_base + (kSmemK + b * kTileBytes + wgi() * kLoBlocks * kBlockBytes);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       mma::mma_rs<mma::RS_64x256_KMN>(a[ks], mma::desc_mn_major(v + ks * 16 * 128, kBlockBytes), o);
   }
   __device__ __forceinline__ void issue_pv_smem(int p_offset, int b) {
-    const mma::DescAddr v = s_base + (kSmemK + b * kTileBytes + kWg * kLoBlocks * kBlockBytes);
+    const mma::DescAddr v = s_base + (kSmemK + b * kTileBytes + wgi() * kLoBlocks * kBlockBytes);
     const mma::DescAddr pa = s_base + p_offset;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
@@ -209,11 +225,11 @@ struct Consumer : ConsumerThread {
     visit_items<kPaired>(args, item, [&](int items_done) {
       // Traced builds: every thread of the warpgroup stamps (no branch
       // around the products in flight, C7520), the last store wins.
-      trace::stamp(trace_slot::kItemStart + 4 * kWg);
+      trace::stamp(trace_slot::kItemStart + 4 * wgi());
       process_item(round, q_uses);
-      trace::stamp(trace_slot::kBeforeEpilogue + 4 * kWg);
+      trace::stamp(trace_slot::kBeforeEpilogue + 4 * wgi());
       epilogue(items_done & 1);
-      trace::stamp(trace_slot::kAfterEpilogue + 4 * kWg);
+      trace::stamp(trace_slot::kAfterEpilogue + 4 * wgi());
     });
   }
   __device__ __forceinline__ void run(const KernelArgs& args) {
@@ -382,7 +398,7 @@ struct Consumer : ConsumerThread {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       l_wg[hi] = sm::quad_sum(l_part[hi]);
-      if (tq == 0) sums[kWg * kRows + row(hi)] = l_wg[hi];
+      if (tq == 0) sums[wgi() * kRows + row(hi)] = l_wg[hi];
     }
     pl::named_sync_unaligned(kConsumerThreads, kSumsReady);  // reached from both template instances
     store(sums);
@@ -414,7 +430,7 @@ struct Consumer : ConsumerThread {
         const int r = row(hi);
         if (r >= w.heads) continue;
         const float f = inv(hi);
-        float* dst = w.args->part_o + static_cast<std::int64_t>(w.part_row + r) * 512 + 256 * kWg + 2 * tq;
+        float* dst = w.args->part_o + static_cast<std::int64_t>(w.part_row + r) * 512 + 256 * wgi() + 2 * tq;
 #pragma unroll
         for (int j = 0; j < 32; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * hi] * f, o[4 * j + 2 * hi + 1] * f);
@@ -434,7 +450,7 @@ struct Consumer : ConsumerThread {
         // tq words 0..3 of block 4k + tq, columns 32 k + 8 tq .. + 7: a quad
         // stores columns 32 k .. 32 k + 31, 64 contiguous bytes.
         __nv_bfloat16* dst =
-            p.o_lat + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0 + row(hi)) * 512 + 256 * kWg + 8 * tq;
+            p.o_lat + (static_cast<std::int64_t>(w.token) * p.num_heads + w.head0 + row(hi)) * 512 + 256 * wgi() + 8 * tq;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           std::uint32_t* c = &v[hi][4 * k];
@@ -450,7 +466,7 @@ struct Consumer : ConsumerThread {
     for (int hi = 0; hi < 2; ++hi) {  // the lse
       const int r = row(hi);
       const float l = sums[r] + sums[kRows + r];
-      if (r < w.heads && kWg == 0 && tq == 0) {
+      if (r < w.heads && wgi() == 0 && tq == 0) {
         const float lse = l > 0.f ? (m_run[hi] + log2f(l)) * sm::kLn2 : -INFINITY;
         const int head = w.head0 + r;
         if (partial) {

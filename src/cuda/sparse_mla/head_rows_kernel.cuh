@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
     else KeyRowsConsumer<1, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);
-  } else if constexpr (kHeadRoles) {
+  } else if constexpr (kHeadRoles && kPaired) {
     if (wg == 0) {
       pl::grow_registers<kRolesRegs0>();
       RolesConsumer<0, kPaired>(bars, smem).run(args);
@@ -103,6 +103,12 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       pl::grow_registers<kRolesRegs1>();
       RolesConsumer<1, kPaired>(bars, smem).run(args);
     }
+  } else if constexpr (kHeadRoles) {
+    pl::grow_registers<kRolesRegs1>();  // warpgroup 0 grows further per item (RolesConsumer::run)
+    // The warpgroup broadcast from lane 0, as CUTLASS's canonical_warp_group_idx:
+    // ptxas then knows it to be warp-uniform, and the consumers' branches on it
+    // are no divergent paths around wgmma (C7520 serialised the unpaired ones).
+    RolesConsumer<-1, kPaired>(bars, smem, __shfl_sync(0xffffffffu, wg, 0)).run(args);
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     Consumer<0, kPaired>(bars, smem).run(args);

@@ -56,6 +56,14 @@ inline constexpr int kSmemAlpha = kSmemMax;
 
 // kPaired: in the paired kernel (as designed); unpaired, the same roles over
 // one CTA's own gathers (the producer then also stores blocks in order).
+// kWg: the warpgroup, or -1 for one instance that both warpgroups run
+// (Consumer<-1>: the warpgroup a run-time value), so that the kernel holds
+// one copy of the epilogue; both then run at warpgroup 1's register budget,
+// and warpgroup 0 grows to its own around the S and softmax of each item and
+// gives the registers back before the epilogue. The unpaired kernel runs
+// that (shorter code, faster at every batch); the paired one keeps an
+// instance per warpgroup (one instance was 6-8 % slower there over whole
+// items, NOTES.md session 43).
 template <int kWg, bool kPaired = true>
 struct RolesConsumer : Consumer<kWg, kPaired> {
   using Base = Consumer<kWg, kPaired>;
@@ -63,7 +71,9 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
   using Base::row, Base::release, Base::issue_s, Base::mask_thread_max, Base::raise_max, Base::rescale_o,
       Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;
 
-  __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm) : Base(b, sm) {}
+  __device__ RolesConsumer(const Barriers& b, std::uint8_t* sm, int warpgroup = kWg) : Base(b, sm) {
+    if constexpr (kWg < 0) this->wg = warpgroup;
+  }
 
   // Barrier parity of block i of the item whose first round is `round`.
   static __device__ __forceinline__ int phase(int round, int i) { return (round + (i >> 1)) & 1; }
@@ -78,8 +88,13 @@ struct RolesConsumer : Consumer<kWg, kPaired> {
     Base::for_each_item(args, [&](int& round, int& q_uses) {
       Base::start_item();
       if (item.rounds > 0) {
-        if constexpr (kWg == 0) process_s_softmax(round, q_uses);
-        else process_pv(round);
+        if (this->wgi() == 0) {
+          if constexpr (kWg < 0) pl::grow_registers<kRolesRegs0>();
+          process_s_softmax(round, q_uses);
+          if constexpr (kWg < 0) pl::shrink_registers<kRolesRegs1>();
+        } else {
+          process_pv(round);
+        }
         round += item.rounds;
       }
     });
