@@ -390,8 +390,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaManyTokens,
 // ---------------------------------------------------------------- schedules
 
 // Each of the kernel's three schedules (plan/sparse_split.hpp) forced on a
-// decode-like batch whatever the planner would pick: whole items, equal
-// splits, and the balanced one, whose lane boundaries cut rows at every
+// decode-like batch whatever the planner would pick, over the bf16 cache and
+// both fp8 formats (the fp8 decode kernels are built per schedule, ItemOutputs
+// in kernel_args.hpp): whole items, equal splits, and the balanced one, whose lane boundaries cut rows at every
 // offset. 41 tokens x top-k 1024 (16 blocks a row): a lane of the 132 CTAs
 // (or 66 pairs) holds 5 to 10 blocks, so rows are cut into pieces of every
 // length and some lanes start and end inside one row; 200 tokens x top-k 256
@@ -422,7 +423,7 @@ TEST_P(SparseMlaSchedules, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SparseMlaSchedules,
-                         ::testing::Combine(::testing::Values(16, 32, 64, 128), ::testing::Values(0, 1),
+                         ::testing::Combine(::testing::Values(16, 32, 64, 128), ::testing::Values(0, 1, 2),
                                             ::testing::Values(SparseSplitMode::whole, SparseSplitMode::equal,
                                                               SparseSplitMode::balanced),
                                             ::testing::Values(0, 1)),

@@ -85,10 +85,10 @@ void set_schedule_divisors(KernelArgs& a, std::int64_t key_blocks) {
 }
 
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false,
-          bool kBlockLoop = false>
+          bool kBlockLoop = false, ItemOutputs kOut = ItemOutputs::mixed>
 LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   using namespace head_rows;
-  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves, kRoles, kBlockLoop>;
+  void (*kernel)(KernelArgs) = head_rows_kernel<F, kPaired, kKeyRowHeads, kHeadHalves, kRoles, kBlockLoop, kOut>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), kSmemBytes, "sparse MLA kernel");
   // Persistent: at most one CTA per multiprocessor (the smem plan allows no more).
   const std::int64_t sm_count = multiprocessor_count();
@@ -145,6 +145,25 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
   return {kernel_args.lanes, kItemsPerRow};
 }
 
+// The heads-as-rows roles kernels (the decode kernels over fp8 caches),
+// compiled for each kind of output (ItemOutputs): a launch without splits
+// or with equal ones runs the kernel without the other epilogue path. The
+// block loop runs only without the balanced schedule (few_blocks_per_item).
+template <CacheFormat F, bool kPaired, bool kBlockLoop>
+LaneLaunch launch_roles(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
+  constexpr bool kRoles = !kPaired;  // the paired kernel always runs the roles consumers
+  switch (item_outputs(args)) {
+    case ItemOutputs::final_only:
+      return launch<F, kPaired, 0, false, kRoles, kBlockLoop, ItemOutputs::final_only>(args, items, stream);
+    case ItemOutputs::partial_only:
+      return launch<F, kPaired, 0, false, kRoles, kBlockLoop, ItemOutputs::partial_only>(args, items, stream);
+    case ItemOutputs::mixed:
+      if constexpr (!kBlockLoop) return launch<F, kPaired, 0, false, kRoles>(args, items, stream);
+      break;
+  }
+  throw Error("sparse MLA kernel: the block loop is not built for the balanced schedule");
+}
+
 template <CacheFormat F>
 LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_t stream) {
   switch (consumers_for(F, args.p.num_heads)) {
@@ -158,10 +177,11 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
     case Consumers::head_rows: break;
   }
   if constexpr (F != CacheFormat::bf16) {
-    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads)) return launch<F, true>(args, items, stream);
+    if (pairing_setting() != 0 && plan_sparse_pairing(F, args.p.num_heads))
+      return launch_roles<F, true, false>(args, items, stream);
     if (unpaired_head_roles()) {
-      if (block_loop_enabled() && few_blocks_per_item(args)) return launch<F, false, 0, false, true, true>(args, items, stream);
-      return launch<F, false, 0, false, true>(args, items, stream);
+      if (block_loop_enabled() && few_blocks_per_item(args)) return launch_roles<F, false, true>(args, items, stream);
+      return launch_roles<F, false, false>(args, items, stream);
     }
   }
   return launch<F, false>(args, items, stream);

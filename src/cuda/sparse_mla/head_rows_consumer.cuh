@@ -35,7 +35,8 @@ struct WarpgroupOf<-1> {
   __device__ int wgi() const { return wg; }
 };
 
-template <int kWg, bool kPaired>
+// kOut: what its items write (ItemOutputs, kernel_args.hpp).
+template <int kWg, bool kPaired, ItemOutputs kOut = ItemOutputs::mixed>
 struct Consumer : ConsumerThread, WarpgroupOf<kWg> {
   static constexpr int kOther = 1 - kWg;
   static constexpr int kFirst = first_half(kWg);  // half of its buffer S reads first
@@ -419,7 +420,8 @@ struct Consumer : ConsumerThread, WarpgroupOf<kWg> {
   __device__ __forceinline__ void store(const float* sums) {
     const WorkItem& w = item;
     const SparseMlaParams& p = *w.p;
-    const bool partial = w.part_row >= 0;
+    const bool partial =
+        kOut == ItemOutputs::partial_only || (kOut == ItemOutputs::mixed && w.part_row >= 0);
     auto inv = [&](int hi) {
       const float l = sums[row(hi)] + sums[kRows + row(hi)];
       return l > 0.f ? 1.f / l : 0.f;

@@ -31,8 +31,9 @@ __device__ __forceinline__ void sync_all() {
 // warpgroup 1 only does P V, which leaves the producer 112 registers).
 // kBlockLoop (unpaired heads-as-rows roles): the producer's loop over blocks
 // (head_rows_producer.cuh), for items of few blocks.
+// kOut (heads-as-rows roles): what the items write, ItemOutputs (kernel_args.hpp).
 template <CacheFormat F, bool kPaired, int kKeyRowHeads = 0, bool kHeadHalves = false, bool kRoles = false,
-          bool kBlockLoop = false>
+          bool kBlockLoop = false, ItemOutputs kOut = ItemOutputs::mixed>
 __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_constant__ KernelArgs args) {
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
@@ -43,6 +44,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   static_assert(!kBlockLoop || (kHeadRoles && !kPaired), "the block loop: unpaired heads-as-rows roles only");
+  static_assert(kOut == ItemOutputs::mixed || kHeadRoles, "one kind of output: the heads-as-rows roles kernels");
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
   // start now: it takes multiprocessors this grid leaves idle and waits for
   // this grid to complete before it reads the partials.
@@ -98,17 +100,17 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   } else if constexpr (kHeadRoles && kPaired) {
     if (wg == 0) {
       pl::grow_registers<kRolesRegs0>();
-      RolesConsumer<0, kPaired>(bars, smem).run(args);
+      RolesConsumer<0, kPaired, kOut>(bars, smem).run(args);
     } else {
       pl::grow_registers<kRolesRegs1>();
-      RolesConsumer<1, kPaired>(bars, smem).run(args);
+      RolesConsumer<1, kPaired, kOut>(bars, smem).run(args);
     }
   } else if constexpr (kHeadRoles) {
     pl::grow_registers<kRolesRegs1>();  // warpgroup 0 grows further per item (RolesConsumer::run)
     // The warpgroup broadcast from lane 0, as CUTLASS's canonical_warp_group_idx:
     // ptxas then knows it to be warp-uniform, and the consumers' branches on it
     // are no divergent paths around wgmma (C7520 serialised the unpaired ones).
-    RolesConsumer<-1, kPaired>(bars, smem, __shfl_sync(0xffffffffu, wg, 0)).run(args);
+    RolesConsumer<-1, kPaired, kOut>(bars, smem, __shfl_sync(0xffffffffu, wg, 0)).run(args);
   } else if (wg == 0) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     Consumer<0, kPaired>(bars, smem).run(args);

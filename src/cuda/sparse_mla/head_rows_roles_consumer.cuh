@@ -64,9 +64,9 @@ inline constexpr int kSmemAlpha = kSmemMax;
 // that (shorter code, faster at every batch); the paired one keeps an
 // instance per warpgroup (one instance was 6-8 % slower there over whole
 // items, NOTES.md session 43).
-template <int kWg, bool kPaired = true>
-struct RolesConsumer : Consumer<kWg, kPaired> {
-  using Base = Consumer<kWg, kPaired>;
+template <int kWg, bool kPaired = true, ItemOutputs kOut = ItemOutputs::mixed>
+struct RolesConsumer : Consumer<kWg, kPaired, kOut> {
+  using Base = Consumer<kWg, kPaired, kOut>;
   using Base::bars, Base::smem, Base::s_base, Base::item, Base::tq, Base::o, Base::s, Base::m_run, Base::l_part;
   using Base::row, Base::release, Base::issue_s, Base::mask_thread_max, Base::raise_max, Base::rescale_o,
       Base::softmax_to, Base::store_p, Base::issue_pv_registers, Base::issue_pv_smem, Base::epilogue;

@@ -44,6 +44,17 @@ __host__ __device__ __forceinline__ int lane_start(int total, int lane, int lane
   return lane * (total / lanes) + lane * (total % lanes) / lanes;
 }
 
+// What a launch's work items write (WorkItem::part_row, head_rows_work.cuh):
+// with no split, every item its final output; with equal splits, every item
+// a partial; balanced, either. The launcher picks the kernel compiled for
+// its case (the decode kernels, head_rows.cu), so that the kernel holds only
+// the epilogue path it takes: code a CTA never runs still costs it time
+// (sparse_mla/NOTES.md, session 42).
+enum class ItemOutputs { final_only, partial_only, mixed };
+inline ItemOutputs item_outputs(const KernelArgs& a) {
+  return a.lanes > 0 ? ItemOutputs::mixed : a.num_splits > 1 ? ItemOutputs::partial_only : ItemOutputs::final_only;
+}
+
 // How a balanced launch went, for the merge kernel: the lanes launched (with
 // args.lanes > 0 no more than that, nor than fit, nor than key blocks; 0 when
 // not balanced) and the items a lane takes at a time (2 when paired).
