@@ -15,19 +15,8 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 . scripts/gpu-steps.sh
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
-usage() { echo "usage: scripts/gpu-prebuilt.sh [--sanitize] DIR=LABEL[,NAME=VALUE...]... [-- PAIRED_ARGS...]" >&2; exit 2; }
-sanitize=0; trees=(); paired=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --sanitize) sanitize=1; shift ;;
-    --) shift; paired=("$@"); break ;;
-    *=*)
-      [ -f "${1%%=*}/libdsmla_kernel_shim.so" ] || { echo "gpu-prebuilt: no ${1%%=*}/libdsmla_kernel_shim.so" >&2; exit 2; }
-      trees+=("$1"); shift ;;
-    *) usage ;;
-  esac
-done
-[ ${#trees[@]} -ge 1 ] || usage
+has_shim() { [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "gpu-prebuilt: no $1/libdsmla_kernel_shim.so" >&2; return 1; }; }
+tree_args "scripts/gpu-prebuilt.sh [--sanitize] DIR=LABEL[,NAME=VALUE...]... [-- PAIRED_ARGS...]" has_shim "$@"
 log=$OUT/prebuilt.log; : >"$log"
 status=0
 say() { echo "$*" | tee -a "$log"; }

@@ -1,6 +1,23 @@
-# Steps shared by scripts/gpu-trees.sh and scripts/gpu-switches.sh (sourced,
-# not run). The caller defines OUT, log (the summary file), status (set to 1
-# on a failure) and say (echo into the terminal and the log).
+# Steps shared by scripts/gpu-trees.sh, gpu-prebuilt.sh and gpu-switches.sh
+# (sourced, not run). The caller defines OUT, log (the summary file), status
+# (set to 1 on a failure) and say (echo into the terminal and the log).
+
+# tree_args USAGE CHECK ARGS...: [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]
+# into $sanitize, trees[] and paired[]. CHECK DIR (a command) fails with a
+# message when DIR is no usable tree; then, or without a tree, the caller exits 2.
+tree_args() {
+  local usage=$1 check=$2; shift 2
+  sanitize=0; trees=(); paired=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --sanitize) sanitize=1; shift ;;
+      --) shift; paired=("$@"); break ;;
+      *=*) "$check" "${1%%=*}" || exit 2; trees+=("$1"); shift ;;
+      *) echo "usage: $usage" >&2; exit 2 ;;
+    esac
+  done
+  [ ${#trees[@]} -ge 1 ] || { echo "usage: $usage" >&2; exit 2; }
+}
 
 # gpu_tests BUILD_DIR LABEL [NAME=VALUE...]: the GPU tests matching FILTER
 # (default *Sparse*) with the settings exported, their summary into the log.

@@ -16,17 +16,8 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 . scripts/gpu-steps.sh
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
-usage() { echo "usage: scripts/gpu-trees.sh [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]" >&2; exit 2; }
-sanitize=0; trees=(); paired=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --sanitize) sanitize=1; shift ;;
-    --) shift; paired=("$@"); break ;;
-    *=*) [ -d "${1%%=*}" ] || { echo "gpu-trees: no tree '${1%%=*}'" >&2; exit 2; }; trees+=("$1"); shift ;;
-    *) usage ;;
-  esac
-done
-[ ${#trees[@]} -ge 1 ] || usage
+is_tree() { [ -d "$1" ] || { echo "gpu-trees: no tree '$1'" >&2; return 1; }; }
+tree_args "scripts/gpu-trees.sh [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]" is_tree "$@"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 log=$OUT/trees.log; : >"$log"
 status=0
