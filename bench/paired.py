@@ -3,7 +3,7 @@
 
   python3 bench/paired.py [--shim build-gpu/libdsmla_kernel_shim.so[=LABEL[,NAME=VALUE...]]]...
                           [--anchors .anchors/anchors_bench.py]
-                          [--only prefill,decode,dense] [--quick] [--rounds 30] [--warmup 5] [--json F] [--md F]
+                          [--only prefill,decode,dense] [--quick] [--batches 1,16] [--sizes 1024,4096] [--rounds 30] [--warmup 5] [--json F] [--md F]
 
 Why: the SM clock of the GPU machine moves between levels up to ~20 % apart within one device call
 (src/cuda/dense_mha/NOTES.md), in steps of 0.1-0.5 s. The kernel harnesses and anchors_bench.py run one after the
@@ -383,6 +383,7 @@ def main():
     ap.add_argument("--only", default="prefill,decode,dense")
     ap.add_argument("--quick", action="store_true", help="S 1024 and batch 64 only")
     ap.add_argument("--batches", help="decode batch sizes, comma separated (default 1,16,64,128)")
+    ap.add_argument("--sizes", help="prefill / dense request lengths S, comma separated (default 256,512,1024,2048,4096)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--host-inclusive", action="store_true",
@@ -406,6 +407,8 @@ def main():
     Ss, Bs = ([1024], [64]) if a.quick else ([256, 512, 1024, 2048, 4096], [1, 16, 64, 128])
     if a.batches:
         Bs = [int(b) for b in a.batches.split(",")]
+    if a.sizes:
+        Ss = [int(S) for S in a.sizes.split(",")]
     plan = ([("prefill", prefill_workload, dict(S=S, H=H)) for S in Ss for H in (128, 64) if "prefill" in kinds] +
             [("decode", decode_workload, dict(B=B, H=H)) for B in Bs for H in (128, 64) if "decode" in kinds] +
             [("dense", dense_workload, dict(S=S, H=H)) for S in Ss for H in (128, 16) if "dense" in kinds])

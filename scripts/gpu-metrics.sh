@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A few Nsight Compute counters (time, tensor pipe, L2 and DRAM traffic,
+# instructions, SM clock) of every launch of the kernels matching
+# KERNEL_REGEX while bench/paired.py runs the prebuilt shims DIR (one round,
+# no warm-up: each contender's first calls are the checks and the one timed
+# call), so dsmla's kernels and the anchors' are read under the same counters
+# in one process. Never changes the GPU's clocks (--clock-control none).
+# Writes $OUT/metrics.csv (ncu --csv --page raw) and $OUT/metrics.md (one row
+# a launch). Carry [".anchors", ".exp", ".tree"].
+# Usage: scripts/gpu-metrics.sh KERNEL_REGEX DIR=LABEL... -- PAIRED_ARGS...
+#   e.g. scripts/gpu-metrics.sh 'dense_mha|flash_fwd|sdpa' .exp/main=dsmla -- --only dense --sizes 4096
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+out=${OUT:-$root/out}; mkdir -p "$out"
+[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+regex=$1; shift
+shims=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do shims+=(--shim "${1%%=*}/libdsmla_kernel_shim.so=${1#*=}"); shift; done
+[ "${1:-}" = "--" ] && shift
+anchors=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --target "$anchors" .anchors/*.whl >/dev/null 2>&1 ||
+  echo "gpu-metrics: the anchor wheels did not install" >&2
+metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__inst_executed.sum,\
+sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
+lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,\
+dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
+l1tex__m_xbar2l1tex_read_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+PYTHONPATH=$anchors ncu --clock-control none -k "regex:$regex" --metrics "$metrics" --csv --page raw \
+  python3 bench/paired.py "${shims[@]}" --anchors .anchors/anchors_bench.py --rounds 1 --warmup 0 "$@" \
+  >"$out/metrics_run.log" 2>&1 || { tail -20 "$out/metrics_run.log"; echo "gpu-metrics: ncu failed"; exit 1; }
+grep -E '^"' "$out/metrics_run.log" >"$out/metrics.csv"
+python3 - "$out/metrics.csv" >"$out/metrics.md" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head, units, data = rows[0], rows[1], rows[2:]
+keep = [i for i, h in enumerate(head) if h in ("Kernel Name",) or "__" in h]
+print("| " + " | ".join(f"{head[i]} ({units[i]})" if units[i] else head[i] for i in keep) + " |")
+print("|" + "---|" * len(keep))
+for r in data:
+    print("| " + " | ".join(r[i][:60] for i in keep) + " |")
+PY
+cat "$out/metrics.md"
