@@ -38,6 +38,13 @@ __device__ __forceinline__ void store(int slot, unsigned long long value) {
 }
 #endif
 
+// A value that is not a clock (a count, a size), into slot `slot`.
+__device__ __forceinline__ void record([[maybe_unused]] int slot, [[maybe_unused]] unsigned long long value) {
+#ifdef DSMLA_TRACE
+  store(slot, value);
+#endif
+}
+
 // This thread's SM clock now, into slot `slot` of its CTA's row.
 __device__ __forceinline__ void stamp([[maybe_unused]] int slot) {
 #ifdef DSMLA_TRACE

@@ -92,4 +92,9 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
   check_launch("dense MHA kernel");
 }
 
+#ifdef DSMLA_TRACE
+void clear_dense_mha_trace() { trace::clear_stamps(); }
+std::vector<unsigned long long> read_dense_mha_trace() { return trace::read_stamps(); }
+#endif
+
 }  // namespace dsmla::cuda

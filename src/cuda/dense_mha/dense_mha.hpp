@@ -100,4 +100,11 @@ DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int n
 // on bad parameters or a launch failure.
 void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream);
 
+#ifdef DSMLA_TRACE
+// Traced builds: the dense kernel's stamps (dense_mha_kernel.cuh, trace_slot),
+// kCtas rows of kSlots (cuda/common/trace.cuh); cleared before a launch to read.
+void clear_dense_mha_trace();
+std::vector<unsigned long long> read_dense_mha_trace();
+#endif
+
 }  // namespace dsmla::cuda

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "cuda/common/pipeline.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/dense_mha/dense_layout.cuh"
 #include "cuda/dense_mha/epilogue.cuh"
@@ -14,6 +15,21 @@
 #include "cuda/dense_mha/softmax_mask.cuh"
 
 namespace dsmla::cuda::dense_mha_detail {
+
+// Traced builds (DSMLA_TRACE; bench/dense_trace.py reads them): the first
+// kTracedUnits units of a block, kUnitSlots each from slot kUnitSlot0: when
+// consumer 0 received the unit, when its Q had landed, when its last P V was
+// done, when its epilogue was, the unit's key tiles (a count), and when the
+// producer issued its Q.
+namespace trace_slot {
+inline constexpr int kUnitSlot0 = 16, kSlotsPerUnit = 6, kTracedUnits = 88;
+inline constexpr int kReceived = 0, kQueryLanded = 1, kLastPvDone = 2, kEpilogueDone = 3, kKeyTiles = 4,
+                     kQueryIssued = 5;
+static_assert(kUnitSlot0 + kSlotsPerUnit * kTracedUnits <= trace::kSlots);
+__device__ __forceinline__ int unit(int n, int what) {
+  return n < kTracedUnits ? kUnitSlot0 + kSlotsPerUnit * n + what : -1;  // -1: not stored
+}
+}  // namespace trace_slot
 
 struct Barriers {
   pl::Mbarrier* base;
@@ -71,6 +87,7 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
         pl::wait(bars.q_empty(), (n & 1) ^ 1);
         pl::arrive_expect_tx(bars.q_full(), kWarpgroups * kQWgBytes);
         tma_load_q(maps, w, bars.q_full(), smem);
+        trace::stamp(trace_slot::unit(n, trace_slot::kQueryIssued));
       }
     }
     unit = next;
@@ -160,6 +177,8 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
     }
   };
   pl::wait(bars.q_full(), n & 1);  // TMA writes are in the async proxy, as wgmma's reads: no proxy fence
+  const bool tracer = threadIdx.x == 0;
+  if (tracer) trace::stamp(trace_slot::unit(n, trace_slot::kQueryLanded));
   step(0, std::false_type{});
   for (int it = 1; it < w.key_tiles; ++it) step(it, std::true_type{});
   // The last tile's P V, outside the turns.
@@ -173,7 +192,12 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
   fence_o();
   mma::fence_operands(p_frag);
   pl::arrive(bars.empty_v(stage_of(last)));
+  if (tracer) trace::stamp(trace_slot::unit(n, trace_slot::kLastPvDone));
   if (w.wg_active) store_output(p, w, c, softmax, o, smem);
+  if (tracer) {
+    trace::stamp(trace_slot::unit(n, trace_slot::kEpilogueDone));
+    trace::record(trace_slot::unit(n, trace_slot::kKeyTiles), w.key_tiles);
+  }
 }
 
 // The consumers: units until the producer publishes the end. Consumer 0 takes
@@ -190,6 +214,7 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentC
     const UnitInfo info = slots[slot_of(n)];
     pl::arrive(bars.unit_empty(slot_of(n)));
     if (info.head < 0) break;
+    if (threadIdx.x == 0) trace::stamp(trace_slot::unit(n, trace_slot::kReceived));
     const BlockWork w(info, c.warpgroup);
     consume_unit(p, w, c, bars, smem, g, n);
     g += w.key_tiles;
@@ -203,6 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
   const Barriers bars{reinterpret_cast<pl::Mbarrier*>(smem + kSmemBars)};
   if (threadIdx.x == 0) {
+    trace::stamp_begin();
     pl::init(bars.q_full(), 1);
     pl::init(bars.q_empty(), kConsumerThreads);
     for (int st = 0; st < kStages; ++st) {
@@ -230,6 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();
+  if (threadIdx.x == 0) trace::stamp_end();
 }
 
 }  // namespace dsmla::cuda::dense_mha_detail

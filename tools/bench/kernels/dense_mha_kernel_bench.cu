@@ -2,7 +2,7 @@
 // (src/cuda/dense_mha). Built with the CUDA build as build/dense_mha_kernel_bench
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
-//   build/dense_mha_kernel_bench [--own-inputs] [results.txt]
+//   build/dense_mha_kernel_bench [--own-inputs] [--trace FILE] [results.txt]
 //
 // Shapes: T = 16384 query tokens in causal sequences of S (ctx 0), S in
 // {256, 512, 1024, 2048, 4096} (the anchors' dense shapes), H in {128, 16}, plus a cached-prefix case (8 x 1024 new
@@ -14,6 +14,9 @@
 // reference (output and lse), then the median of 30 CUDA-event timings after 5
 // warm-up launches. FLOPs = 2 * causal pairs (diagonal included) * H * (192 + 128).
 // With an argument, writes "S H ms" lines for bench/dense_mha_sdpa_baseline.py.
+// --trace FILE (a build with -DDSMLA_TRACE=ON only): after each case's timing,
+// one more launch whose per-block stamps are appended to FILE as
+// case,block,slot,value rows (bench/dense_trace.py reads them).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,9 +25,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/trace.cuh"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
 #include "synced_timing.hpp"
@@ -126,14 +131,23 @@ int main(int argc, char** argv) {
   cases.push_back(prefix_case());
 
   std::FILE* results = nullptr;
+  std::string trace_file;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
+    else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) trace_file = argv[++i];
     else if (results == nullptr && argv[i][0] != '-') results = std::fopen(argv[i], "w");
     else {
-      std::fprintf(stderr, "unexpected argument '%s' (expected [--own-inputs] [results.txt])\n", argv[i]);
+      std::fprintf(stderr, "unexpected argument '%s' (expected [--own-inputs] [--trace FILE] [results.txt])\n",
+                   argv[i]);
       return 2;
     }
   }
+#ifndef DSMLA_TRACE
+  if (!trace_file.empty()) {
+    std::fprintf(stderr, "--trace needs a build with -DDSMLA_TRACE=ON\n");
+    return 2;
+  }
+#endif
   // The anchors' scale, 192^-0.5 (FlashAttention-3's and SDPA's default); with
   // --own-inputs DeepSeek-V3.2's, 192^-0.5 * mscale^2 (DESIGN §1; types.cpp is not linked here).
   const double mscale = g_own_inputs ? 0.1 * std::log(40.0) + 1.0 : 1.0;
@@ -231,6 +245,24 @@ int main(int argc, char** argv) {
     std::printf("%-18s %5d %4d %9.3f %9.1f %11.2e %11.2e %s\n", c.name, c.seq, H, med, tflops, max_dout, max_dlse,
                 bad ? "MISMATCH" : "ok");
     if (results && c.seq > 0) std::fprintf(results, "%d %d %.4f\n", c.seq, H, med);
+#ifdef DSMLA_TRACE
+    if (!trace_file.empty()) {
+      dsmla::cuda::clear_dense_mha_trace();
+      dsmla::cuda::launch_dense_mha(p, nullptr);
+      DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<unsigned long long> stamps = dsmla::cuda::read_dense_mha_trace();
+      std::FILE* f = std::fopen(trace_file.c_str(), "a");
+      if (f == nullptr) {
+        std::fprintf(stderr, "cannot append to --trace file '%s'\n", trace_file.c_str());
+        return 2;
+      }
+      for (std::size_t i = 0; i < stamps.size(); ++i)
+        if (stamps[i] != 0)
+          std::fprintf(f, "%s S%d H%d,%zu,%zu,%llu\n", c.name, c.seq, H, i / dsmla::cuda::trace::kSlots,
+                       i % dsmla::cuda::trace::kSlots, stamps[i]);
+      std::fclose(f);
+    }
+#endif
 
     DSMLA_CUDA_CHECK(cudaFree(q));
     DSMLA_CUDA_CHECK(cudaFree(kv_up));
