@@ -8,7 +8,8 @@
 # Writes $OUT/metrics.csv (ncu --csv --page raw) and $OUT/metrics.md (one row
 # a launch). Carry [".anchors", ".exp", ".tree"].
 # Usage: scripts/gpu-metrics.sh KERNEL_REGEX DIR=LABEL... -- PAIRED_ARGS...
-#   e.g. scripts/gpu-metrics.sh 'dense_mha|flash_fwd|sdpa' .exp/main=dsmla -- --only dense --sizes 4096
+#   e.g. scripts/gpu-metrics.sh 'dense_mha_kernel|device_kernel|sdpa' .exp/main=dsmla -- --only dense --sizes 4096
+#   (FlashAttention-3's kernel is a cutlass::device_kernel)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 out=${OUT:-$root/out}; mkdir -p "$out"
@@ -29,11 +30,11 @@ PYTHONPATH=$anchors ncu --clock-control none -k "regex:$regex" --metrics "$metri
   python3 bench/paired.py "${shims[@]}" --anchors .anchors/anchors_bench.py --rounds 1 --warmup 0 "$@" \
   >"$out/metrics_run.log" 2>&1 || { tail -20 "$out/metrics_run.log"; echo "gpu-metrics: ncu failed"; exit 1; }
 grep -E '^"' "$out/metrics_run.log" >"$out/metrics.csv"
-python3 - "$out/metrics.csv" >"$out/metrics.md" <<'PY'
+python3 - "$out/metrics.csv" "$metrics" >"$out/metrics.md" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 head, units, data = rows[0], rows[1], rows[2:]
-keep = [i for i, h in enumerate(head) if h in ("Kernel Name",) or "__" in h]
+keep = [head.index("Kernel Name")] + [head.index(m) for m in sys.argv[2].split(",") if m in head]
 print("| " + " | ".join(f"{head[i]} ({units[i]})" if units[i] else head[i] for i in keep) + " |")
 print("|" + "---|" * len(keep))
 for r in data:
