@@ -22,21 +22,14 @@ Usage: bench/dense_trace.py TRACE.csv [--case TEXT]
 """
 import argparse
 import collections
-import csv
 import statistics
+
+from trace_timeline import load, pct  # the same CSV rows; percentiles over them
 
 BEGIN_NS, BEGIN_CLK, END_NS, END_CLK = 0, 1, 3, 15
 UNIT0, PER_UNIT, UNITS = 16, 6, 88
 RECEIVED, Q_LANDED, LAST_PV, EPILOGUE, KEY_TILES, Q_ISSUED = range(6)
 TILE_CYCLES = 2 * 128 * 128 * 320 / 4096
-
-
-def load(path):
-    cases = collections.OrderedDict()
-    with open(path, newline="") as f:
-        for name, block, slot, value in csv.reader(f):
-            cases.setdefault(name, collections.defaultdict(dict))[int(block)][int(slot)] = int(value)
-    return cases
 
 
 def units_of(stamps):
@@ -48,11 +41,6 @@ def units_of(stamps):
             break
         out.append(u)
     return out
-
-
-def pct(values, q):
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
 
 
 def summarise(name, blocks):

@@ -12,12 +12,13 @@
 #   (FlashAttention-3's kernel is a cutlass::device_kernel)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+. scripts/gpu-steps.sh
 out=${OUT:-$root/out}; mkdir -p "$out"
-[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
 regex=$1; shift
+tree_args "scripts/gpu-metrics.sh KERNEL_REGEX DIR=LABEL... -- PAIRED_ARGS..." has_shim "$@"
 shims=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do shims+=(--shim "${1%%=*}/libdsmla_kernel_shim.so=${1#*=}"); shift; done
-[ "${1:-}" = "--" ] && shift
+for spec in "${trees[@]}"; do shims+=(--shim "${spec%%=*}/libdsmla_kernel_shim.so=${spec#*=}"); done
 anchors=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target "$anchors" .anchors/*.whl >/dev/null 2>&1 ||
   echo "gpu-metrics: the anchor wheels did not install" >&2
@@ -27,7 +28,7 @@ lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__t_sector
 dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
 l1tex__m_xbar2l1tex_read_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active
 PYTHONPATH=$anchors ncu --clock-control none -k "regex:$regex" --metrics "$metrics" --csv --page raw \
-  python3 bench/paired.py "${shims[@]}" --anchors .anchors/anchors_bench.py --rounds 1 --warmup 0 "$@" \
+  python3 bench/paired.py "${shims[@]}" --anchors .anchors/anchors_bench.py --rounds 1 --warmup 0 ${paired[@]+"${paired[@]}"} \
   >"$out/metrics_run.log" 2>&1 || { tail -20 "$out/metrics_run.log"; echo "gpu-metrics: ncu failed"; exit 1; }
 grep -E '^"' "$out/metrics_run.log" >"$out/metrics.csv"
 python3 - "$out/metrics.csv" "$metrics" >"$out/metrics.md" <<'PY'

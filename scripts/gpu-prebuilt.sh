@@ -15,7 +15,6 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 . scripts/gpu-steps.sh
 export OUT=${OUT:-$root/out}; mkdir -p "$OUT"
-has_shim() { [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "gpu-prebuilt: no $1/libdsmla_kernel_shim.so" >&2; return 1; }; }
 tree_args "scripts/gpu-prebuilt.sh [--sanitize] DIR=LABEL[,NAME=VALUE...]... [-- PAIRED_ARGS...]" has_shim "$@"
 log=$OUT/prebuilt.log; : >"$log"
 status=0

@@ -1,6 +1,10 @@
-# Steps shared by scripts/gpu-trees.sh, gpu-prebuilt.sh and gpu-switches.sh
-# (sourced, not run). The caller defines OUT, log (the summary file), status
-# (set to 1 on a failure) and say (echo into the terminal and the log).
+# Steps shared by scripts/gpu-trees.sh, gpu-prebuilt.sh, gpu-switches.sh and
+# gpu-metrics.sh (sourced, not run). The caller defines OUT, log (the summary
+# file), status (set to 1 on a failure) and say (echo into the terminal and
+# the log).
+
+# has_shim DIR: DIR holds a prebuilt kernel shim (scripts/stage-prebuilt.sh), or a message.
+has_shim() { [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "no $1/libdsmla_kernel_shim.so" >&2; return 1; }; }
 
 # tree_args USAGE CHECK ARGS...: [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]
 # into $sanitize, trees[] and paired[]. CHECK DIR (a command) fails with a

@@ -392,8 +392,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SparseMlaManyTokens,
 // Each of the kernel's three schedules (plan/sparse_split.hpp) forced on a
 // decode-like batch whatever the planner would pick, over the bf16 cache and
 // both fp8 formats (the fp8 decode kernels are built per schedule, ItemOutputs
-// in kernel_args.hpp): whole items, equal splits, and the balanced one, whose lane boundaries cut rows at every
-// offset. 41 tokens x top-k 1024 (16 blocks a row): a lane of the 132 CTAs
+// in kernel_args.hpp): whole items, equal splits, and the balanced one, whose
+// lane boundaries cut rows at every offset. 41 tokens x top-k 1024 (16 blocks a row): a lane of the 132 CTAs
 // (or 66 pairs) holds 5 to 10 blocks, so rows are cut into pieces of every
 // length and some lanes start and end inside one row; 200 tokens x top-k 256
 // (4 blocks a row): a lane holds 6 to 13 blocks, so most lanes have a whole

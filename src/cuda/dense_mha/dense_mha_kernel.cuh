@@ -17,7 +17,7 @@
 namespace dsmla::cuda::dense_mha_detail {
 
 // Traced builds (DSMLA_TRACE; bench/dense_trace.py reads them): the first
-// kTracedUnits units of a block, kUnitSlots each from slot kUnitSlot0: when
+// kTracedUnits units of a block, kSlotsPerUnit each from slot kUnitSlot0: when
 // consumer 0 received the unit, when its Q had landed, when its last P V was
 // done, when its epilogue was, the unit's key tiles (a count), and when the
 // producer issued its Q.

@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
-#include "cuda/common/trace.cuh"
 #include "cuda/dense_mha/dense_mha.hpp"
 #include "dsmla/types.hpp"
 #include "synced_timing.hpp"
 #include "synthetic_inputs.hpp"
+#include "trace_csv.hpp"
 
 namespace {
 
@@ -250,17 +250,11 @@ int main(int argc, char** argv) {
       dsmla::cuda::clear_dense_mha_trace();
       dsmla::cuda::launch_dense_mha(p, nullptr);
       DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<unsigned long long> stamps = dsmla::cuda::read_dense_mha_trace();
-      std::FILE* f = std::fopen(trace_file.c_str(), "a");
-      if (f == nullptr) {
+      const std::string name = std::string(c.name) + " S" + std::to_string(c.seq) + " H" + std::to_string(H);
+      if (!dsmla::bench::append_trace_csv(trace_file, name, dsmla::cuda::read_dense_mha_trace())) {
         std::fprintf(stderr, "cannot append to --trace file '%s'\n", trace_file.c_str());
         return 2;
       }
-      for (std::size_t i = 0; i < stamps.size(); ++i)
-        if (stamps[i] != 0)
-          std::fprintf(f, "%s S%d H%d,%zu,%zu,%llu\n", c.name, c.seq, H, i / dsmla::cuda::trace::kSlots,
-                       i % dsmla::cuda::trace::kSlots, stamps[i]);
-      std::fclose(f);
     }
 #endif
 

@@ -48,7 +48,6 @@
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
-#include "cuda/common/trace.cuh"
 #include "cuda/sparse_mla/kernel_args.hpp"
 #include "cuda/sparse_mla/sparse_mla.hpp"
 #include "dsmla/format.hpp"
@@ -58,6 +57,7 @@
 #include "plan/sparse_split.hpp"
 #include "synced_timing.hpp"
 #include "synthetic_inputs.hpp"
+#include "trace_csv.hpp"
 
 namespace {
 
@@ -354,14 +354,8 @@ Result run_case(const Case& c, int warmup, int reps) {
     detail::clear_head_rows_trace();
     dsmla::cuda::launch_sparse_mla(p, nullptr);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<unsigned long long> stamps = detail::read_head_rows_trace();
-    std::FILE* f = std::fopen(g_trace_file.c_str(), "a");
-    if (f == nullptr) throw dsmla::Error("cannot append to --trace file '" + g_trace_file + "'");
-    for (std::size_t i = 0; i < stamps.size(); ++i)
-      if (stamps[i] != 0)
-        std::fprintf(f, "%s,%zu,%zu,%llu\n", c.name.c_str(), i / dsmla::cuda::trace::kSlots,
-                     i % dsmla::cuda::trace::kSlots, stamps[i]);
-    std::fclose(f);
+    if (!dsmla::bench::append_trace_csv(g_trace_file, c.name, detail::read_head_rows_trace()))
+      throw dsmla::Error("cannot append to --trace file '" + g_trace_file + "'");
   }
 #endif
   if (g_gather_ceiling) {
