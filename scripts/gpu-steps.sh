@@ -3,8 +3,14 @@
 # file), status (set to 1 on a failure) and say (echo into the terminal and
 # the log).
 
-# has_shim DIR: DIR holds a prebuilt kernel shim (scripts/stage-prebuilt.sh), or a message.
-has_shim() { [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "no $1/libdsmla_kernel_shim.so" >&2; return 1; }; }
+# has_shim DIR: DIR holds a prebuilt kernel shim (scripts/stage-prebuilt.sh),
+# unpacked here from DIR.tar.xz when DIR is not there; or a message.
+has_shim() {
+  if [ ! -e "$1" ] && [ -f "$1.tar.xz" ]; then
+    tar -C "$(dirname "$1")" -xJf "$1.tar.xz" || { echo "cannot unpack $1.tar.xz" >&2; return 1; }
+  fi
+  [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "no $1/libdsmla_kernel_shim.so" >&2; return 1; }
+}
 
 # tree_args USAGE CHECK ARGS...: [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]
 # into $sanitize, trees[] and paired[]. CHECK DIR (a command) fails with a

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds this checkout's sparse/dense kernel shim and GPU tests here (CUDA
-# toolkit, no GPU needed; sm_90a) and copies them to .exp/NAME/ for a short
+# toolkit, no GPU needed; sm_90a) and packs them as .exp/NAME.tar.xz for a short
 # device call that builds nothing (scripts/gpu-prebuilt.sh; carry [".anchors",
 # ".exp", ".tree"]). The binaries need only the CUDA runtime on the device.
 # Check out a branch, stage it, check out the next: BUILD_DIR is reused, so a
@@ -16,10 +16,17 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 [ -f "$build/build.ninja" ] ||
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null
 ninja -C "$build" dsmla_kernel_shim test_gpu_cuda test_gpu_backend
-rm -rf ".exp/$name"; mkdir -p ".exp/$name/tests"
-cp "$build/libdsmla_kernel_shim.so" ".exp/$name/"
-cp "$build/tests/test_gpu_cuda" "$build/tests/test_gpu_backend" ".exp/$name/tests/"
+# The tree travels packed: xz shrinks its ~20 MB to ~5.3 MB, so six trees
+# with both test binaries fit the carry's 64 MiB beside the anchors' 7 MB
+# (unpacked, four without test_gpu_backend did). has_shim (gpu-steps.sh)
+# unpacks .exp/NAME.tar.xz on the device when .exp/NAME is not there.
+stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/$name/tests"
+cp "$build/libdsmla_kernel_shim.so" "$stage/$name/"
+cp "$build/tests/test_gpu_cuda" "$build/tests/test_gpu_backend" "$stage/$name/tests/"
 echo "$(git rev-parse --short HEAD) $(git rev-parse --abbrev-ref HEAD)$(git diff --quiet HEAD || echo ' (uncommitted changes)')" \
-  >".exp/$name/.tree"
+  >"$stage/$name/.tree"
+mkdir -p .exp; rm -rf ".exp/$name" ".exp/$name.tar.xz"
+tar -C "$stage" -cJf ".exp/$name.tar.xz" "$name"
 git rev-parse HEAD >.tree
-echo ".exp/$name <- $(cat ".exp/$name/.tree") ($(du -sh ".exp/$name" | cut -f1))"
+echo ".exp/$name.tar.xz <- $(cat "$stage/$name/.tree") ($(du -sh ".exp/$name.tar.xz" | cut -f1))"
