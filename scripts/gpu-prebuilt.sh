@@ -2,8 +2,8 @@
 # Prebuilt trees against each other in one short device call: nothing is
 # built there (scripts/stage-prebuilt.sh builds each tree here; carry
 # [".anchors", ".exp", ".tree"]). Each DIR holds a tree's
-# libdsmla_kernel_shim.so and tests/test_gpu_cuda (unpacked from DIR.tar.xz,
-# as stage-prebuilt.sh leaves it, when DIR is not there); the first DIR is the
+# libdsmla_kernel_shim.so and tests/test_gpu_cuda (unpacked afresh from
+# DIR.tar.xz, as stage-prebuilt.sh leaves it, where that exists); the first DIR is the
 # reference (bench/paired.py's ratios are to it). For every DIR the GPU tests
 # matching FILTER (default *Sparse*), then bench/paired.py over all of them
 # with the anchors (PAIRED_ARGS appended, e.g. --only decode --rounds 60),

@@ -4,9 +4,12 @@
 # the log).
 
 # has_shim DIR: DIR holds a prebuilt kernel shim (scripts/stage-prebuilt.sh),
-# unpacked here from DIR.tar.xz when DIR is not there; or a message.
+# or a message. Where DIR.tar.xz exists, DIR is unpacked from it afresh: a
+# warm device machine keeps the DIR an earlier call unpacked, which a tree
+# restaged under the same name must replace.
 has_shim() {
-  if [ ! -e "$1" ] && [ -f "$1.tar.xz" ]; then
+  if [ -f "$1.tar.xz" ]; then
+    rm -rf "$1"
     tar -C "$(dirname "$1")" -xJf "$1.tar.xz" || { echo "cannot unpack $1.tar.xz" >&2; return 1; }
   fi
   [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "no $1/libdsmla_kernel_shim.so" >&2; return 1; }

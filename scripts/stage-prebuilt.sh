@@ -19,7 +19,7 @@ ninja -C "$build" dsmla_kernel_shim test_gpu_cuda test_gpu_backend
 # The tree travels packed: xz shrinks its ~20 MB to ~5.3 MB, so six trees
 # with both test binaries fit the carry's 64 MiB beside the anchors' 7 MB
 # (unpacked, four without test_gpu_backend did). has_shim (gpu-steps.sh)
-# unpacks .exp/NAME.tar.xz on the device when .exp/NAME is not there.
+# unpacks .exp/NAME.tar.xz on the device, replacing any .exp/NAME there.
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/$name/tests"
 cp "$build/libdsmla_kernel_shim.so" "$stage/$name/"
