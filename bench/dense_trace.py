@@ -24,9 +24,8 @@ import argparse
 import collections
 import statistics
 
-from trace_timeline import load, pct  # the same CSV rows; percentiles over them
+from trace_timeline import cta_clock_ghz, load, pct  # the same CSV rows, clock and percentiles
 
-BEGIN_NS, BEGIN_CLK, END_NS, END_CLK = 0, 1, 3, 15
 UNIT0, PER_UNIT, UNITS = 16, 6, 88
 RECEIVED, Q_LANDED, LAST_PV, EPILOGUE, KEY_TILES, Q_ISSUED = range(6)
 TILE_CYCLES = 2 * 128 * 128 * 320 / 4096
@@ -48,8 +47,8 @@ def summarise(name, blocks):
     per_tile = collections.defaultdict(list)
     q_lead, ghz = [], []
     for stamps in blocks.values():
-        if all(k in stamps for k in (BEGIN_NS, BEGIN_CLK, END_NS, END_CLK)) and stamps[END_NS] > stamps[BEGIN_NS]:
-            ghz.append((stamps[END_CLK] - stamps[BEGIN_CLK]) / (stamps[END_NS] - stamps[BEGIN_NS]))
+        if (block_ghz := cta_clock_ghz(stamps)) is not None:
+            ghz.append(block_ghz)
         us = units_of(stamps)
         for i, u in enumerate(us):
             phases["waiting for Q"] += u[Q_LANDED] - u[RECEIVED]
@@ -65,10 +64,9 @@ def summarise(name, blocks):
         print("no complete units traced\n")
         return
     clock = f"{statistics.median(ghz):.3f} GHz" if ghz else "unknown"
-    print(f"{len(blocks)} blocks; SM clock (median over blocks) {clock}; "
-          f"{sum(len(v) for v in per_tile.values())} units traced\n")
-    print("| phase | share of the traced span | cycles a unit (mean) |\n|---|---|---|")
     count = sum(len(v) for v in per_tile.values())
+    print(f"{len(blocks)} blocks; SM clock (median over blocks) {clock}; {count} units traced\n")
+    print("| phase | share of the traced span | cycles a unit (mean) |\n|---|---|---|")
     for k in ("waiting for Q", "main loop", "epilogue", "to the next unit"):
         print(f"| {k} | {100 * phases[k] / total:.1f} % | {phases[k] / count:.0f} |")
     print(f"\n| key tiles of the unit | units | cycles a tile p10 / p50 / p90 | p50 / {TILE_CYCLES:.0f} |\n|---|---|---|---|")

@@ -47,15 +47,20 @@ def load(path):
     return cases
 
 
-def cta_timeline(stamps):
-    """Microseconds after the CTA's start for every clock slot, and its clock in GHz."""
+def cta_clock_ghz(stamps):
+    """The CTA's SM clock in GHz (clock64 ticks over globaltimer ns from its start to its end), or None."""
     if not all(k in stamps for k in (BEGIN_NS, BEGIN_CLK, END_NS, END_CLK)):
         return None
     ns = stamps[END_NS] - stamps[BEGIN_NS]
     clk = stamps[END_CLK] - stamps[BEGIN_CLK]
-    if ns <= 0 or clk <= 0:
+    return clk / ns if ns > 0 and clk > 0 else None
+
+
+def cta_timeline(stamps):
+    """Microseconds after the CTA's start for every clock slot, and its clock in GHz."""
+    ghz = cta_clock_ghz(stamps)
+    if ghz is None:
         return None
-    ghz = clk / ns
     us = {s: (v - stamps[BEGIN_CLK]) / ghz / 1e3 for s, v in stamps.items()
           if s not in (BEGIN_NS, BEGIN_CLK, SMID, END_NS)}
     return us, ghz

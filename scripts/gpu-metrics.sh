@@ -19,9 +19,7 @@ regex=$1; shift
 tree_args "scripts/gpu-metrics.sh KERNEL_REGEX DIR=LABEL... -- PAIRED_ARGS..." has_shim "$@"
 shims=()
 for spec in "${trees[@]}"; do shims+=(--shim "${spec%%=*}/libdsmla_kernel_shim.so=${spec#*=}"); done
-anchors=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$anchors" .anchors/*.whl >/dev/null 2>&1 ||
-  echo "gpu-metrics: the anchor wheels did not install" >&2
+anchors=$(anchor_packages) || echo "gpu-metrics: the anchor wheels did not install" >&2
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__inst_executed.sum,\
 sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
 lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,\

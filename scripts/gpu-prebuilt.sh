@@ -34,9 +34,7 @@ for spec in "${trees[@]}"; do
   else say "no $dir/tests/test_gpu_cuda: no tests"; fi
   shims+=(--shim "$dir/libdsmla_kernel_shim.so=${spec#*=}")
 done
-anchors=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$anchors" .anchors/*.whl >>"$log" 2>&1 ||
-  say "gpu-prebuilt: the anchor wheels did not install (.anchors/*.whl carried?)"
+anchors=$(anchor_packages) || say "gpu-prebuilt: the anchor wheels did not install (.anchors/*.whl carried?)"
 say "== paired $(date -u +%H:%M:%S)"
 PYTHONPATH=$anchors python3 bench/paired.py "${shims[@]}" --anchors .anchors/anchors_bench.py \
   --json "$OUT/paired.json" --md "$OUT/paired.md" ${paired[@]+"${paired[@]}"} >>"$log" 2>&1 ||

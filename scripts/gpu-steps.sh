@@ -15,6 +15,17 @@ has_shim() {
   [ -f "$1/libdsmla_kernel_shim.so" ] || { echo "no $1/libdsmla_kernel_shim.so" >&2; return 1; }
 }
 
+# anchor_packages: installs the anchor wheels (.anchors/*.whl, carried) into
+# a fresh directory and prints it (for PYTHONPATH); when they do not install,
+# pip's output goes to stderr and it fails.
+anchor_packages() {
+  local dir pip_out
+  dir=$(mktemp -d) || return 1
+  pip_out=$(python3 -m pip install -q --no-index --no-deps --target "$dir" .anchors/*.whl 2>&1) ||
+    { echo "$pip_out" >&2; return 1; }
+  echo "$dir"
+}
+
 # tree_args USAGE CHECK ARGS...: [--sanitize] DIR=LABEL... [-- PAIRED_ARGS...]
 # into $sanitize, trees[] and paired[]. CHECK DIR (a command) fails with a
 # message when DIR is no usable tree; then, or without a tree, the caller exits 2.
