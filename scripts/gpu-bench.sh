@@ -5,7 +5,10 @@
 # (scripts/gpu-iterate.sh: timed from an idle GPU, which favours dsmla's decode rows), then
 # issue 7's peer stack on the same mixed batch (bench/peer_stack_mixed.py:
 # FlashMLA + torch bmm, per-batch routing) with the dsmla / peer ratios.
-# Needs build-gpu (scripts/gpu-iterate.sh builds it) and .anchors/*.whl.
+# Needs build-gpu (scripts/gpu-iterate.sh builds it) and .anchors/*.whl, or instead of
+# build-gpu a CLI staged here: DSMLA_CLI=.exp/NAME.dsmla.xz (STAGE_CLI=1 scripts/stage-prebuilt.sh
+# NAME; carry .exp), unpacked afresh each call. It writes six files: with another script's
+# files in $OUT, give it OUT=$OUT/bench (the device returns at most 8 files).
 # Arguments go to dsmla bench; with --only the peer stack runs only when the
 # list holds `mixed` (it reads the mixed batch's rows).
 # Usage: scripts/gpu-bench.sh [--quick] [--only attention,decode,mixed,graph,indexer]   (about 10 s + 30 s;
@@ -16,10 +19,16 @@ OUT=${OUT:-$root/out}; mkdir -p "$OUT"
 # Empty arguments dropped (scripts/gpu-round.sh passes "" for a plain BENCH=1).
 args=(); for a in "$@"; do [ -n "$a" ] && args+=("$a"); done; set -- ${args[@]+"${args[@]}"}
 status=0
-echo "== dsmla bench $*"
+cli=${DSMLA_CLI:-build-gpu/dsmla}
+case $cli in
+  *.xz) packed=$cli; cli=$(mktemp) && xz -dc "$packed" >"$cli" && chmod +x "$cli" ||
+          { echo "gpu-bench: cannot unpack $packed" >&2; exit 2; } ;;
+esac
+[ -x "$cli" ] || { echo "gpu-bench: no dsmla CLI at $cli (build-gpu, or DSMLA_CLI=.exp/NAME.dsmla.xz)" >&2; exit 2; }
+echo "== dsmla bench $* ($cli)"
 anchors=()
 for f in "$OUT/paired.json" "$OUT/anchors.json"; do [ -f "$f" ] && { anchors=(--anchors "$f"); break; }; done
-timeout 500 build-gpu/dsmla bench "$@" ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
+timeout 500 "$cli" bench "$@" ${anchors[@]+"${anchors[@]}"} --json "$OUT/bench.json" --md "$OUT/bench.md" \
   >"$OUT/bench.log" 2>&1 || { status=1; echo "BENCH FAILED"; }
 grep -E "^decode|^mixed|^indexer|ERROR" "$OUT/bench.log" | tail -60
 peer=1

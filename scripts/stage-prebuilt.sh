@@ -6,7 +6,10 @@
 # Check out a branch, stage it, check out the next: BUILD_DIR is reused, so a
 # branch that differs in a few files rebuilds in a minute or two (a first
 # build takes ~15 min on two cores).
-# Usage: scripts/stage-prebuilt.sh NAME [BUILD_DIR]   (BUILD_DIR default /tmp/dsmla-prebuilt)
+# With STAGE_CLI=1 it also packs the tree's `dsmla` CLI as .exp/NAME.dsmla.xz
+# (~5 MB more; the device runs it with DSMLA_CLI=.exp/NAME.dsmla.xz
+# scripts/gpu-bench.sh, so `dsmla bench` needs no build there either).
+# Usage: [STAGE_CLI=1] scripts/stage-prebuilt.sh NAME [BUILD_DIR]   (BUILD_DIR default /tmp/dsmla-prebuilt)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 name=${1:?usage: scripts/stage-prebuilt.sh NAME [BUILD_DIR]}
@@ -15,7 +18,9 @@ build=${2:-/tmp/dsmla-prebuilt}
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 [ -f "$build/build.ninja" ] ||
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSMLA_GTEST_SOURCE_DIR="$root/.deps/googletest" >/dev/null
-ninja -C "$build" dsmla_kernel_shim test_gpu_cuda test_gpu_backend
+cli=${STAGE_CLI:-0}
+[ "$cli" = 0 ] || [ "$cli" = 1 ] || { echo "stage-prebuilt: STAGE_CLI must be 0 or 1, not '$cli'" >&2; exit 2; }
+ninja -C "$build" dsmla_kernel_shim test_gpu_cuda test_gpu_backend $([ "$cli" = 1 ] && echo dsmla_cli)
 # The tree travels packed: xz shrinks its ~20 MB to ~5.3 MB, so six trees
 # with both test binaries fit the carry's 64 MiB beside the anchors' 7 MB
 # (unpacked, four without test_gpu_backend did). has_shim (gpu-steps.sh)
@@ -28,5 +33,10 @@ echo "$(git rev-parse --short HEAD) $(git rev-parse --abbrev-ref HEAD)$(git diff
   >"$stage/$name/.tree"
 mkdir -p .exp; rm -rf ".exp/$name" ".exp/$name.tar.xz"
 tar -C "$stage" -cJf ".exp/$name.tar.xz" "$name"
+rm -f ".exp/$name.dsmla.xz"
+if [ "$cli" = 1 ]; then
+  xz -T2 -c "$build/dsmla" >".exp/$name.dsmla.xz"
+  echo ".exp/$name.dsmla.xz <- $(cat "$stage/$name/.tree") ($(du -sh ".exp/$name.dsmla.xz" | cut -f1))"
+fi
 git rev-parse HEAD >.tree
 echo ".exp/$name.tar.xz <- $(cat "$stage/$name/.tree") ($(du -sh ".exp/$name.tar.xz" | cut -f1))"
