@@ -6,9 +6,10 @@
 # issue 7's peer stack on the same mixed batch (bench/peer_stack_mixed.py:
 # FlashMLA + torch bmm, per-batch routing) with the dsmla / peer ratios.
 # Needs build-gpu (scripts/gpu-iterate.sh builds it) and .anchors/*.whl, or instead of
-# build-gpu a CLI staged here: DSMLA_CLI=.exp/NAME.dsmla.xz (STAGE_CLI=1 scripts/stage-prebuilt.sh
-# NAME; carry .exp), unpacked afresh each call. It writes six files: with another script's
-# files in $OUT, give it OUT=$OUT/bench (the device returns at most 8 files).
+# build-gpu a tree staged here with its CLI: DSMLA_TREE=.exp/NAME (STAGE_CLI=1
+# scripts/stage-prebuilt.sh NAME; carry .exp), unpacked by gpu-steps.sh's has_shim. It writes
+# six files: with another script's files in $OUT, give it OUT=$OUT/bench (the device returns
+# at most 8 files).
 # Arguments go to dsmla bench; with --only the peer stack runs only when the
 # list holds `mixed` (it reads the mixed batch's rows).
 # Usage: scripts/gpu-bench.sh [--quick] [--only attention,decode,mixed,graph,indexer]   (about 10 s + 30 s;
@@ -19,12 +20,13 @@ OUT=${OUT:-$root/out}; mkdir -p "$OUT"
 # Empty arguments dropped (scripts/gpu-round.sh passes "" for a plain BENCH=1).
 args=(); for a in "$@"; do [ -n "$a" ] && args+=("$a"); done; set -- ${args[@]+"${args[@]}"}
 status=0
-cli=${DSMLA_CLI:-build-gpu/dsmla}
-case $cli in
-  *.xz) packed=$cli; cli=$(mktemp) && xz -dc "$packed" >"$cli" && chmod +x "$cli" ||
-          { echo "gpu-bench: cannot unpack $packed" >&2; exit 2; } ;;
-esac
-[ -x "$cli" ] || { echo "gpu-bench: no dsmla CLI at $cli (build-gpu, or DSMLA_CLI=.exp/NAME.dsmla.xz)" >&2; exit 2; }
+cli=build-gpu/dsmla
+if [ -n "${DSMLA_TREE:-}" ]; then
+  . scripts/gpu-steps.sh
+  has_shim "$DSMLA_TREE" || exit 2
+  cli=$DSMLA_TREE/dsmla
+fi
+[ -x "$cli" ] || { echo "gpu-bench: no dsmla CLI at $cli (build-gpu, or a tree staged with STAGE_CLI=1)" >&2; exit 2; }
 echo "== dsmla bench $* ($cli)"
 anchors=()
 for f in "$OUT/paired.json" "$OUT/anchors.json"; do [ -f "$f" ] && { anchors=(--anchors "$f"); break; }; done

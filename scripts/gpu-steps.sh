@@ -1,5 +1,5 @@
-# Steps shared by scripts/gpu-trees.sh, gpu-prebuilt.sh, gpu-switches.sh and
-# gpu-metrics.sh (sourced, not run). The caller defines OUT, log (the summary
+# Steps shared by scripts/gpu-trees.sh, gpu-prebuilt.sh, gpu-switches.sh,
+# gpu-metrics.sh and gpu-bench.sh (sourced, not run). The caller defines OUT, log (the summary
 # file), status (set to 1 on a failure) and say (echo into the terminal and
 # the log).
 

@@ -6,9 +6,9 @@
 # Check out a branch, stage it, check out the next: BUILD_DIR is reused, so a
 # branch that differs in a few files rebuilds in a minute or two (a first
 # build takes ~15 min on two cores).
-# With STAGE_CLI=1 it also packs the tree's `dsmla` CLI as .exp/NAME.dsmla.xz
-# (~5 MB more; the device runs it with DSMLA_CLI=.exp/NAME.dsmla.xz
-# scripts/gpu-bench.sh, so `dsmla bench` needs no build there either).
+# With STAGE_CLI=1 the tree holds the `dsmla` CLI too (~5 MB more packed;
+# DSMLA_TREE=.exp/NAME scripts/gpu-bench.sh runs it, so `dsmla bench` needs
+# no build there either).
 # Usage: [STAGE_CLI=1] scripts/stage-prebuilt.sh NAME [BUILD_DIR]   (BUILD_DIR default /tmp/dsmla-prebuilt)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
@@ -29,14 +29,10 @@ stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/$name/tests"
 cp "$build/libdsmla_kernel_shim.so" "$stage/$name/"
 cp "$build/tests/test_gpu_cuda" "$build/tests/test_gpu_backend" "$stage/$name/tests/"
+[ "$cli" = 0 ] || cp "$build/dsmla" "$stage/$name/"
 echo "$(git rev-parse --short HEAD) $(git rev-parse --abbrev-ref HEAD)$(git diff --quiet HEAD || echo ' (uncommitted changes)')" \
   >"$stage/$name/.tree"
 mkdir -p .exp; rm -rf ".exp/$name" ".exp/$name.tar.xz"
 tar -C "$stage" -cJf ".exp/$name.tar.xz" "$name"
-rm -f ".exp/$name.dsmla.xz"
-if [ "$cli" = 1 ]; then
-  xz -T2 -c "$build/dsmla" >".exp/$name.dsmla.xz"
-  echo ".exp/$name.dsmla.xz <- $(cat "$stage/$name/.tree") ($(du -sh ".exp/$name.dsmla.xz" | cut -f1))"
-fi
 git rev-parse HEAD >.tree
 echo ".exp/$name.tar.xz <- $(cat "$stage/$name/.tree") ($(du -sh ".exp/$name.tar.xz" | cut -f1))"
