@@ -9,6 +9,7 @@
 #include "cuda/backend/backend_kernels.hpp"
 #include "cuda/cache/cache_write.cuh"
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
 #include "dsmla/types.hpp"
 
 namespace dsmla::cuda {
@@ -166,6 +167,7 @@ struct PreAttentionGrid {
 
 __global__ void __launch_bounds__(kPreThreads)
     pre_attention_kernel(const __grid_constant__ PreAttentionParams p, const PreAttentionGrid g) {
+  cudaGridDependencySynchronize();  // launched early (launch_early): the stream's previous kernel has completed
   const int b = blockIdx.x;
   if (b < g.query_begin) {
     convert_topk_token(p.convert, b);
@@ -199,8 +201,11 @@ void launch_pre_attention(const PreAttentionParams& p, cudaStream_t stream) {
                            .cache_begin = static_cast<int>(convert_blocks + query_blocks),
                            .padding_begin = static_cast<int>(convert_blocks + query_blocks + cache_blocks),
                            .end = static_cast<int>(end)};
-  pre_attention_kernel<<<static_cast<unsigned>(end), kPreThreads, 0, stream>>>(p, g);
-  check_launch("pre_attention_kernel");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(end));
+  config.blockDim = dim3(kPreThreads);
+  config.stream = stream;
+  launch_early(pre_attention_kernel, config, {}, "pre_attention_kernel launch", p, g);
 }
 
 void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream) {

@@ -2,11 +2,14 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "common/env.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "dsmla/types.hpp"
 
@@ -65,6 +68,38 @@ void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, cudaS
   programmatic.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &programmatic;
   config.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), kernel_name);
+}
+
+// Whether the kernels that open a step of the route (the pre-attention
+// kernel, the sparse and dense attention kernels) are launched with
+// programmatic dependent launch: scheduled while the previous kernel of the
+// stream (in the decode route cuBLAS's absorption GEMM) drains, so that their
+// launch and barrier set-up overlap its tail. Each waits in
+// cudaGridDependencySynchronize() before its first access to global memory,
+// so whatever runs before it, it reads and writes nothing earlier than a
+// plain launch would. DSMLA_PDL in the environment (read once): unset or 1
+// on, 0 plain launches (to measure one against the other).
+inline bool early_launches() {
+  static const bool value = dsmla::detail::env_choice("DSMLA_PDL", {"0", "1"}) != 0;
+  return value;
+}
+
+// Launches `kernel` through cudaLaunchKernelEx with `attrs` (may be empty),
+// plus the programmatic attribute when early_launches().
+template <class... Params, class... Args>
+void launch_early(void (*kernel)(Params...), cudaLaunchConfig_t config, std::initializer_list<cudaLaunchAttribute> attrs,
+                  const char* kernel_name, Args&&... args) {
+  cudaLaunchAttribute all[4] = {};
+  if (attrs.size() >= std::size(all)) throw Error(std::string(kernel_name) + ": too many launch attributes");
+  unsigned n = 0;
+  for (const cudaLaunchAttribute& a : attrs) all[n++] = a;
+  if (early_launches()) {
+    all[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    all[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  config.attrs = n > 0 ? all : nullptr;
+  config.numAttrs = n;
   check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), kernel_name);
 }
 

@@ -105,14 +105,14 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
     cluster.val.clusterDim.x = 2;
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
     // Clusters of two that fit at once (one CTA per multiprocessor; the GPCs
     // decide how many pairs there are), once per device; printed when the
     // pairing was set by hand (DSMLA_SPARSE_PAIRED), to be read with a measurement.
     const std::int64_t pairs = once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
       cudaLaunchConfig_t probe = config;
       probe.gridDim = dim3(2);
+      probe.attrs = &cluster;
+      probe.numAttrs = 1;
       int clusters = 0;
       check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe), "cudaOccupancyMaxActiveClusters");
       if (clusters <= 0) throw Error("sparse MLA kernel: no cluster of two CTAs fits on this device");
@@ -141,7 +141,8 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
   }
   set_schedule_divisors(kernel_args, key_blocks);
   config.gridDim = dim3(static_cast<unsigned>(lanes * kItemsPerRow));
-  check_cuda(cudaLaunchKernelEx(&config, kernel, kernel_args), "sparse MLA kernel launch");
+  if constexpr (kPaired) launch_early(kernel, config, {cluster}, "sparse MLA kernel launch", kernel_args);
+  else launch_early(kernel, config, {}, "sparse MLA kernel launch", kernel_args);
   return {kernel_args.lanes, kItemsPerRow};
 }
 

@@ -75,6 +75,9 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     pl::init(bars.sums_read(), 128);
     pl::fence_init();
   }
+  // Launched early (launch_early, common/launch.hpp): nothing of global
+  // memory is touched before the previous kernel of the stream has completed.
+  cudaGridDependencySynchronize();
   // Paired, the peer arrives on these barriers and writes this tile: both
   // CTAs' barriers are initialised before either starts.
   sync_all<kPaired>();
