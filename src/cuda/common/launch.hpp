@@ -49,13 +49,32 @@ inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kern
   });
 }
 
-// Launches `kernel` on `stream` with programmatic dependent launch (sm_90):
-// it may be scheduled before the previous kernel of the stream has finished
-// (as soon as every CTA of that one called
+// Launches `kernel` through cudaLaunchKernelEx with `config`, its `attrs`
+// (may be empty) and, when `programmatic`, programmatic dependent launch
+// (sm_90): the kernel may then be scheduled before the previous kernel of the
+// stream has finished (as soon as every CTA of that one called
 // cudaTriggerProgrammaticLaunchCompletion() or exited), so its launch
-// latency hides behind the other's tail. The kernel must call
+// latency hides behind the other's tail. Such a kernel must call
 // cudaGridDependencySynchronize() before it reads anything the previous
 // kernel wrote. Captured graphs keep the programmatic edge.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), cudaLaunchConfig_t config,
+                   std::initializer_list<cudaLaunchAttribute> attrs, bool programmatic, const char* kernel_name,
+                   Args&&... args) {
+  cudaLaunchAttribute all[4] = {};
+  if (attrs.size() >= std::size(all)) throw Error(std::string(kernel_name) + ": too many launch attributes");
+  unsigned n = 0;
+  for (const cudaLaunchAttribute& a : attrs) all[n++] = a;
+  if (programmatic) {
+    all[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    all[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  config.attrs = n > 0 ? all : nullptr;
+  config.numAttrs = n;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), kernel_name);
+}
+
+// launch_kernel, programmatic, with a grid and block on `stream`.
 template <class... Params, class... Args>
 void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                          const char* kernel_name, Args&&... args) {
@@ -63,16 +82,11 @@ void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, cudaS
   config.gridDim = grid;
   config.blockDim = block;
   config.stream = stream;
-  cudaLaunchAttribute programmatic = {};
-  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  programmatic.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &programmatic;
-  config.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), kernel_name);
+  launch_kernel(kernel, config, {}, true, kernel_name, std::forward<Args>(args)...);
 }
 
-// Whether the kernels that open a step of the route (the pre-attention
-// kernel, the sparse and dense attention kernels) are launched with
+// Whether the kernels that open a step of the route after another kernel
+// (the pre-attention kernel, the sparse MLA kernel) are launched with
 // programmatic dependent launch: scheduled while the previous kernel of the
 // stream (in the decode route cuBLAS's absorption GEMM) drains, so that their
 // launch and barrier set-up overlap its tail. Each waits in
@@ -85,22 +99,11 @@ inline bool early_launches() {
   return value;
 }
 
-// Launches `kernel` through cudaLaunchKernelEx with `attrs` (may be empty),
-// plus the programmatic attribute when early_launches().
+// launch_kernel, programmatic when early_launches().
 template <class... Params, class... Args>
-void launch_early(void (*kernel)(Params...), cudaLaunchConfig_t config, std::initializer_list<cudaLaunchAttribute> attrs,
-                  const char* kernel_name, Args&&... args) {
-  cudaLaunchAttribute all[4] = {};
-  if (attrs.size() >= std::size(all)) throw Error(std::string(kernel_name) + ": too many launch attributes");
-  unsigned n = 0;
-  for (const cudaLaunchAttribute& a : attrs) all[n++] = a;
-  if (early_launches()) {
-    all[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    all[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  config.attrs = n > 0 ? all : nullptr;
-  config.numAttrs = n;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), kernel_name);
+void launch_early(void (*kernel)(Params...), const cudaLaunchConfig_t& config,
+                  std::initializer_list<cudaLaunchAttribute> attrs, const char* kernel_name, Args&&... args) {
+  launch_kernel(kernel, config, attrs, early_launches(), kernel_name, std::forward<Args>(args)...);
 }
 
 // Multiprocessors of the current device.
