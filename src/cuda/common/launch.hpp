@@ -92,10 +92,11 @@ void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, cudaS
 // launch and barrier set-up overlap its tail. Each waits in
 // cudaGridDependencySynchronize() before its first access to global memory,
 // so whatever runs before it, it reads and writes nothing earlier than a
-// plain launch would. DSMLA_PDL in the environment (read once): unset or 1
-// on, 0 plain launches (to measure one against the other).
+// plain launch would. DSMLA_PDL in the environment (read once): 1 on;
+// unset or 0 plain launches. Opt-in until a GPU has measured it (backend
+// NOTES.md, "Kernels launched early").
 inline bool early_launches() {
-  static const bool value = dsmla::detail::env_choice("DSMLA_PDL", {"0", "1"}) != 0;
+  static const bool value = dsmla::detail::env_choice("DSMLA_PDL", {"0", "1"}) == 1;
   return value;
 }
 
