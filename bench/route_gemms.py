@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The decode route's two per-head GEMMs through cuBLAS, against the weight-streaming floor, on the GPU machine.
+
+The sparse route (DESIGN §2) runs, per step, two batched GEMMs over the heads of w_kv_b [H * 256, 512] bf16:
+
+  absorption  q_lat[h] (512 x n) = W_UK(h)^T (512 x 128) q_nope[h] (128 x n)     W_UK: rows 0-127 of head h
+  output      out[h]   (128 x n) = W_UV(h)   (128 x 512) o_lat[h] (512 x n)       W_UV: rows 128-255 of head h
+
+each reading 16.8 MB of weights at H 128. The backend calls cublasGemmStridedBatchedEx in the column-major
+form above (src/cuda/backend/cuda_backend.cu, run_sparse); backend/NOTES.md measured them at 52-60 % of the
+copy ceiling under ncu. This script asks whether cuBLAS has a faster way for these shapes: it times each
+GEMM in several equivalent torch formulations (each a cuBLAS batched GEMM with other operand orders, so
+cuBLAS's heuristics may pick other kernels) and, as the floor, a sum over the same weight bytes (each read
+once). Every timed call reads weights L2 has not seen (a ring of copies larger than L2, as a model's layers
+each have their own), so the figures are those of a decode step, not of a warm loop.
+
+  python3 bench/route_gemms.py [--heads 128] [--batches 16,64,128] [--json FILE] [--md FILE]
+
+Times are medians of CUDA-event samples, one call per sample, after warm-ups.
+"""
+import argparse, json
+
+import torch
+
+LATENT, NOPE, V_DIM = 512, 128, 128
+L2_RING_BYTES = 256 << 20  # weight copies cycled per sample: well past the 50-60 MB of an H100 / H200 L2
+
+
+def median_us(fn, samples=50, warmup=10):
+    for _ in range(warmup): fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); fn(); end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+class Ring:
+    """`count` independent copies made by `make`, handed out in turn: each call sees cold data."""
+
+    def __init__(self, make, bytes_each):
+        self.items = [make() for _ in range(max(2, L2_RING_BYTES // bytes_each))]
+        self.i = 0
+
+    def next(self):
+        self.i = (self.i + 1) % len(self.items)
+        return self.items[self.i]
+
+
+def formulations(heads, n):
+    """name -> (kind, fn) for one batch size; fn() runs one GEMM on cold weights."""
+    dev = torch.device("cuda")
+    weight_bytes = heads * 2 * NOPE * LATENT * 2
+    ring = Ring(lambda: torch.randn(heads, 2 * NOPE, LATENT, device=dev, dtype=torch.bfloat16), weight_bytes)
+    q_nope = torch.randn(n, heads, NOPE, device=dev, dtype=torch.bfloat16)
+    o_lat = torch.randn(n, heads, LATENT, device=dev, dtype=torch.bfloat16)
+    copy_src = Ring(lambda: torch.empty(weight_bytes // 4, device=dev, dtype=torch.bfloat16), weight_bytes // 2)
+    copy_dst = torch.empty(weight_bytes // 4, device=dev, dtype=torch.bfloat16)
+    w_uk = lambda: ring.next()[:, :NOPE, :]  # [H, 128, 512]
+    w_uv = lambda: ring.next()[:, NOPE:, :]  # [H, 128, 512]
+    return {
+        # The backend's form: C (512 x n) = W_UK^T (512 x 128) B (128 x n), per head.
+        "absorption, C = W^T q (backend's form)": ("absorption", lambda: torch.bmm(w_uk().transpose(1, 2),
+                                                                                   q_nope.permute(1, 2, 0))),
+        "absorption, C = q W (rows are tokens)": ("absorption", lambda: torch.bmm(q_nope.transpose(0, 1), w_uk())),
+        "output, C = W o (backend's form)": ("output", lambda: torch.bmm(w_uv(), o_lat.permute(1, 2, 0))),
+        "output, C = o W^T (rows are tokens)": ("output", lambda: torch.bmm(o_lat.transpose(0, 1),
+                                                                             w_uv().transpose(1, 2))),
+        # The floor: one GEMM's weight bytes (16.8 MB at H 128) read once (a sum), and copied (read and written).
+        "sum of one GEMM's weight bytes (the floor)": ("floor", lambda: copy_src.next().sum(dtype=torch.float32)),
+        "copy of one GEMM's weight bytes": ("copy", lambda: copy_dst.copy_(copy_src.next())),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", type=int, default=128)
+    ap.add_argument("--batches", default="16,64,128")
+    ap.add_argument("--json"); ap.add_argument("--md")
+    args = ap.parse_args()
+    rows = []
+    for n in [int(b) for b in args.batches.split(",")]:
+        for name, (kind, fn) in formulations(args.heads, n).items():
+            rows.append({"batch": n, "heads": args.heads, "formulation": name, "kind": kind, "us": median_us(fn)})
+        torch.cuda.empty_cache()
+    for r in rows:
+        floor = next(x["us"] for x in rows if x["batch"] == r["batch"] and x["kind"] == "floor")
+        r["x_floor"] = r["us"] / floor
+    title = (f"Route GEMMs (bench/route_gemms.py): {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+             f"H {args.heads}; median us of cold-weight calls; x floor = time / a sum over the same weight bytes "
+             f"(each byte read once from DRAM, as a GEMM must)")
+    lines = [title, "", "| batch | formulation | us | x floor |", "|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['formulation']} | {r['us']:.1f} | {r['x_floor']:.2f} |" for r in rows]
+    print("\n".join(lines))
+    if args.md: open(args.md, "w").write("\n".join(lines) + "\n")
+    if args.json: json.dump({"title": title, "rows": rows}, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
