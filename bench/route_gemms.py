@@ -10,8 +10,8 @@ each reading 16.8 MB of weights at H 128. The backend calls cublasGemmStridedBat
 form above (src/cuda/backend/cuda_backend.cu, run_sparse); backend/NOTES.md measured them at 52-60 % of the
 copy ceiling under ncu. This script asks whether cuBLAS has a faster way for these shapes: it times each
 GEMM in several equivalent torch formulations (each a cuBLAS batched GEMM with other operand orders, so
-cuBLAS's heuristics may pick other kernels) and, as the floor, a sum over the same weight bytes (each read
-once). Every timed call reads weights L2 has not seen (a ring of copies larger than L2, as a model's layers
+cuBLAS's heuristics may pick other kernels) and, as its floor, a sum reading as many bytes as the GEMM must
+move. Every timed call reads weights L2 has not seen (a ring of copies larger than L2, as a model's layers
 each have their own), so the figures are those of a decode step, not of a warm loop.
 
   python3 bench/route_gemms.py [--heads 128] [--batches 16,64,128] [--json FILE] [--md FILE]
@@ -51,28 +51,38 @@ class Ring:
         return self.items[self.i]
 
 
+def gemm_bytes(kind, heads, n):
+    """DRAM bytes one GEMM must move: its weights, its activation input and its output, each once."""
+    weights = heads * NOPE * LATENT * 2
+    if kind == "absorption": return weights + n * heads * (NOPE + LATENT) * 2  # q_nope in, q_lat out
+    return weights + n * heads * (LATENT + V_DIM) * 2  # o_lat in, out out
+
+
 def formulations(heads, n):
-    """name -> (kind, fn) for one batch size; fn() runs one GEMM on cold weights."""
+    """name -> (kind, fn) for one batch size; fn() runs one GEMM on cold weights, or reads its floor's bytes.
+    torch.bmm of row-major [H, m, k] x [H, k, n] calls cuBLAS on the column-major transposes, so the rows that
+    put the tokens on C's rows are the backend's own calls (cuBLAS m = 512 resp. 128, the weights as A)."""
     dev = torch.device("cuda")
-    weight_bytes = heads * 2 * NOPE * LATENT * 2
-    ring = Ring(lambda: torch.randn(heads, 2 * NOPE, LATENT, device=dev, dtype=torch.bfloat16), weight_bytes)
+    ring = Ring(lambda: torch.randn(heads, 2 * NOPE, LATENT, device=dev, dtype=torch.bfloat16),
+                heads * 2 * NOPE * LATENT * 2)
     q_nope = torch.randn(n, heads, NOPE, device=dev, dtype=torch.bfloat16)
     o_lat = torch.randn(n, heads, LATENT, device=dev, dtype=torch.bfloat16)
-    copy_src = Ring(lambda: torch.empty(weight_bytes // 4, device=dev, dtype=torch.bfloat16), weight_bytes // 2)
-    copy_dst = torch.empty(weight_bytes // 4, device=dev, dtype=torch.bfloat16)
     w_uk = lambda: ring.next()[:, :NOPE, :]  # [H, 128, 512]
     w_uv = lambda: ring.next()[:, NOPE:, :]  # [H, 128, 512]
+    floors = {}
+    for kind in ("absorption", "output"):
+        size = gemm_bytes(kind, heads, n)
+        floors[kind] = Ring(lambda: torch.empty(size // 2, device=dev, dtype=torch.bfloat16), size)
     return {
-        # The backend's form: C (512 x n) = W_UK^T (512 x 128) B (128 x n), per head.
-        "absorption, C = W^T q (backend's form)": ("absorption", lambda: torch.bmm(w_uk().transpose(1, 2),
-                                                                                   q_nope.permute(1, 2, 0))),
-        "absorption, C = q W (rows are tokens)": ("absorption", lambda: torch.bmm(q_nope.transpose(0, 1), w_uk())),
-        "output, C = W o (backend's form)": ("output", lambda: torch.bmm(w_uv(), o_lat.permute(1, 2, 0))),
-        "output, C = o W^T (rows are tokens)": ("output", lambda: torch.bmm(o_lat.transpose(0, 1),
-                                                                             w_uv().transpose(1, 2))),
-        # The floor: one GEMM's weight bytes (16.8 MB at H 128) read once (a sum), and copied (read and written).
-        "sum of one GEMM's weight bytes (the floor)": ("floor", lambda: copy_src.next().sum(dtype=torch.float32)),
-        "copy of one GEMM's weight bytes": ("copy", lambda: copy_dst.copy_(copy_src.next())),
+        "absorption, C = q W, tokens as rows (the backend's call)":
+            ("absorption", lambda: torch.bmm(q_nope.transpose(0, 1), w_uk())),
+        "absorption, C = W^T q, tokens as columns":
+            ("absorption", lambda: torch.bmm(w_uk().transpose(1, 2), q_nope.permute(1, 2, 0))),
+        "absorption floor: a read of its bytes": ("absorption floor", lambda: floors["absorption"].next().sum()),
+        "output, C = o W^T, tokens as rows (the backend's call)":
+            ("output", lambda: torch.bmm(o_lat.transpose(0, 1), w_uv().transpose(1, 2))),
+        "output, C = W o, tokens as columns": ("output", lambda: torch.bmm(w_uv(), o_lat.permute(1, 2, 0))),
+        "output floor: a read of its bytes": ("output floor", lambda: floors["output"].next().sum()),
     }
 
 
@@ -88,13 +98,17 @@ def main():
             rows.append({"batch": n, "heads": args.heads, "formulation": name, "kind": kind, "us": median_us(fn)})
         torch.cuda.empty_cache()
     for r in rows:
-        floor = next(x["us"] for x in rows if x["batch"] == r["batch"] and x["kind"] == "floor")
+        kind = r["kind"].removesuffix(" floor")
+        r["bytes"] = gemm_bytes(kind, args.heads, r["batch"])
+        floor = next(x["us"] for x in rows if x["batch"] == r["batch"] and x["kind"] == kind + " floor")
         r["x_floor"] = r["us"] / floor
     title = (f"Route GEMMs (bench/route_gemms.py): {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"H {args.heads}; median us of cold-weight calls; x floor = time / a sum over the same weight bytes "
-             f"(each byte read once from DRAM, as a GEMM must)")
-    lines = [title, "", "| batch | formulation | us | x floor |", "|---|---|---|---|"]
-    lines += [f"| {r['batch']} | {r['formulation']} | {r['us']:.1f} | {r['x_floor']:.2f} |" for r in rows]
+             f"H {args.heads}; median us of calls on cold weights, CUDA events around each call (their few us "
+             f"alike in every row); x floor = time / a sum reading as many bytes as the GEMM moves (weights, "
+             f"input, output once each)")
+    lines = [title, "", "| batch | formulation | MB | us | x floor |", "|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['formulation']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | {r['x_floor']:.2f} |"
+              for r in rows]
     print("\n".join(lines))
     if args.md: open(args.md, "w").write("\n".join(lines) + "\n")
     if args.json: json.dump({"title": title, "rows": rows}, open(args.json, "w"), indent=1)

@@ -49,8 +49,8 @@ inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kern
   });
 }
 
-// Launches `kernel` through cudaLaunchKernelEx with `config`, its `attrs`
-// (may be empty) and, when `programmatic`, programmatic dependent launch
+// Launches `kernel` through cudaLaunchKernelEx with `config` (its own attrs
+// left empty), the attributes `attrs` (may be empty) and, when `programmatic`, programmatic dependent launch
 // (sm_90): the kernel may then be scheduled before the previous kernel of the
 // stream has finished (as soon as every CTA of that one called
 // cudaTriggerProgrammaticLaunchCompletion() or exited), so its launch
@@ -62,7 +62,9 @@ void launch_kernel(void (*kernel)(Params...), cudaLaunchConfig_t config,
                    std::initializer_list<cudaLaunchAttribute> attrs, bool programmatic, const char* kernel_name,
                    Args&&... args) {
   cudaLaunchAttribute all[4] = {};
-  if (attrs.size() >= std::size(all)) throw Error(std::string(kernel_name) + ": too many launch attributes");
+  if (config.numAttrs != 0 || attrs.size() >= std::size(all))
+    throw Error(std::string(kernel_name) + ": launch attributes go in `attrs`, at most " +
+                std::to_string(std::size(all) - 1));
   unsigned n = 0;
   for (const cudaLaunchAttribute& a : attrs) all[n++] = a;
   if (programmatic) {

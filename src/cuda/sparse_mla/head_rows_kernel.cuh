@@ -48,10 +48,12 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   // A split's merge kernel (launched programmatically, sparse_mla.cu) may
   // start now: it takes multiprocessors this grid leaves idle and waits for
   // this grid to complete before it reads the partials.
-  if (threadIdx.x == 0) {
-    cudaTriggerProgrammaticLaunchCompletion();
-    trace::stamp_begin();
-  }
+  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
+  // Launched early (launch_early, common/launch.hpp): nothing of global
+  // memory, the trace's stamps included, is touched before the previous
+  // kernel of the stream has completed.
+  cudaGridDependencySynchronize();
+  if (threadIdx.x == 0) trace::stamp_begin();
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // The runtime aligns dynamic smem to 16 B only; round up to the swizzle atom.
   std::uint8_t* smem = pl::align_smem<kSmemAlign>(smem_raw);
@@ -75,9 +77,6 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
     pl::init(bars.sums_read(), 128);
     pl::fence_init();
   }
-  // Launched early (launch_early, common/launch.hpp): nothing of global
-  // memory is touched before the previous kernel of the stream has completed.
-  cudaGridDependencySynchronize();
   // Paired, the peer arrives on these barriers and writes this tile: both
   // CTAs' barriers are initialised before either starts.
   sync_all<kPaired>();
