@@ -11,44 +11,27 @@ form above (src/cuda/backend/cuda_backend.cu, run_sparse); backend/NOTES.md meas
 copy ceiling under ncu. This script asks whether cuBLAS has a faster way for these shapes: it times each
 GEMM in several equivalent torch formulations (each a cuBLAS batched GEMM with other operand orders, so
 cuBLAS's heuristics may pick other kernels) and, as its floor, a sum reading as many bytes as the GEMM must
-move. Every timed call reads weights L2 has not seen (a ring of copies larger than L2, as a model's layers
-each have their own), so the figures are those of a decode step, not of a warm loop.
+move. Every timed call reads weights L2 has not seen (copies cycled past twice the L2, torch_baselines.py's
+copies_for, as a model's layers each have their own), so the figures are those of a decode step, not of a warm
+loop.
 
   python3 bench/route_gemms.py [--heads 128] [--batches 16,64,128] [--json FILE] [--md FILE]
 
-Times are medians of CUDA-event samples, one call per sample, after warm-ups.
+Times are medians of 50 CUDA-event samples (torch_baselines.py's time_ms), one call each, after 10 warm-ups.
 """
-import argparse, json
+import argparse, json, statistics
 
 import torch
 
+from torch_baselines import copies_for, time_ms  # the same cold-input timing as the torch baselines
+
 LATENT, NOPE, V_DIM = 512, 128, 128
-L2_RING_BYTES = 256 << 20  # weight copies cycled per sample: well past the 50-60 MB of an H100 / H200 L2
 
 
-def median_us(fn, samples=50, warmup=10):
-    for _ in range(warmup): fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(); fn(); end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
-class Ring:
-    """`count` independent copies made by `make`, handed out in turn: each call sees cold data."""
-
-    def __init__(self, make, bytes_each):
-        self.items = [make() for _ in range(max(2, L2_RING_BYTES // bytes_each))]
-        self.i = 0
-
-    def next(self):
-        self.i = (self.i + 1) % len(self.items)
-        return self.items[self.i]
+def median_us(fn, l2_bytes, footprint, make):
+    """Median us of fn(x) over copies of make() cycled so that a pass over them exceeds 2 x L2 (cold data)."""
+    copies = [make() for _ in range(copies_for(footprint, l2_bytes))]
+    return statistics.median(time_ms(lambda i: fn(copies[i % len(copies)]), 10, 50)) * 1e3
 
 
 def gemm_bytes(kind, heads, n):
@@ -59,30 +42,34 @@ def gemm_bytes(kind, heads, n):
 
 
 def formulations(heads, n):
-    """name -> (kind, fn) for one batch size; fn() runs one GEMM on cold weights, or reads its floor's bytes.
-    torch.bmm of row-major [H, m, k] x [H, k, n] calls cuBLAS on the column-major transposes, so the rows that
-    put the tokens on C's rows are the backend's own calls (cuBLAS m = 512 resp. 128, the weights as A)."""
+    """name -> (kind, fn, footprint, make): fn(x) runs one GEMM on weights x (or reads x for a floor), where x is
+    one of the cold copies of make(). torch.bmm of row-major [H, m, k] x [H, k, n] calls cuBLAS on the column-major
+    transposes, so the rows that put the tokens on C's rows are the backend's own calls (cuBLAS m = 512 resp. 128,
+    the weights as A)."""
     dev = torch.device("cuda")
-    ring = Ring(lambda: torch.randn(heads, 2 * NOPE, LATENT, device=dev, dtype=torch.bfloat16),
-                heads * 2 * NOPE * LATENT * 2)
     q_nope = torch.randn(n, heads, NOPE, device=dev, dtype=torch.bfloat16)
     o_lat = torch.randn(n, heads, LATENT, device=dev, dtype=torch.bfloat16)
-    w_uk = lambda: ring.next()[:, :NOPE, :]  # [H, 128, 512]
-    w_uv = lambda: ring.next()[:, NOPE:, :]  # [H, 128, 512]
-    floors = {}
-    for kind in ("absorption", "output"):
+    weights = (heads * 2 * NOPE * LATENT * 2,
+               lambda: torch.randn(heads, 2 * NOPE, LATENT, device=dev, dtype=torch.bfloat16))
+    w_uk = lambda w: w[:, :NOPE, :]  # [H, 128, 512]
+    w_uv = lambda w: w[:, NOPE:, :]  # [H, 128, 512]
+
+    def floor(kind):
         size = gemm_bytes(kind, heads, n)
-        floors[kind] = Ring(lambda: torch.empty(size // 2, device=dev, dtype=torch.bfloat16), size)
+        return (kind + " floor", lambda x: x.sum(), size,
+                lambda: torch.empty(size // 2, device=dev, dtype=torch.bfloat16))
+
     return {
         "absorption, C = q W, tokens as rows (the backend's call)":
-            ("absorption", lambda: torch.bmm(q_nope.transpose(0, 1), w_uk())),
+            ("absorption", lambda w: torch.bmm(q_nope.transpose(0, 1), w_uk(w)), *weights),
         "absorption, C = W^T q, tokens as columns":
-            ("absorption", lambda: torch.bmm(w_uk().transpose(1, 2), q_nope.permute(1, 2, 0))),
-        "absorption floor: a read of its bytes": ("absorption floor", lambda: floors["absorption"].next().sum()),
+            ("absorption", lambda w: torch.bmm(w_uk(w).transpose(1, 2), q_nope.permute(1, 2, 0)), *weights),
+        "absorption floor: a read of its bytes": floor("absorption"),
         "output, C = o W^T, tokens as rows (the backend's call)":
-            ("output", lambda: torch.bmm(o_lat.transpose(0, 1), w_uv().transpose(1, 2))),
-        "output, C = W o, tokens as columns": ("output", lambda: torch.bmm(w_uv(), o_lat.permute(1, 2, 0))),
-        "output floor: a read of its bytes": ("output floor", lambda: floors["output"].next().sum()),
+            ("output", lambda w: torch.bmm(o_lat.transpose(0, 1), w_uv(w).transpose(1, 2)), *weights),
+        "output, C = W o, tokens as columns":
+            ("output", lambda w: torch.bmm(w_uv(w), o_lat.permute(1, 2, 0)), *weights),
+        "output floor: a read of its bytes": floor("output"),
     }
 
 
@@ -92,11 +79,14 @@ def main():
     ap.add_argument("--batches", default="16,64,128")
     ap.add_argument("--json"); ap.add_argument("--md")
     args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 60 << 20) or (60 << 20)
     rows = []
     for n in [int(b) for b in args.batches.split(",")]:
-        for name, (kind, fn) in formulations(args.heads, n).items():
-            rows.append({"batch": n, "heads": args.heads, "formulation": name, "kind": kind, "us": median_us(fn)})
-        torch.cuda.empty_cache()
+        for name, (kind, fn, footprint, make) in formulations(args.heads, n).items():
+            us = median_us(fn, l2_bytes, footprint, make)
+            rows.append({"batch": n, "heads": args.heads, "formulation": name, "kind": kind, "us": us})
+            torch.cuda.empty_cache()
     for r in rows:
         kind = r["kind"].removesuffix(" floor")
         r["bytes"] = gemm_bytes(kind, args.heads, r["batch"])
