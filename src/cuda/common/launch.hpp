@@ -2,10 +2,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -50,16 +50,16 @@ inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kern
 }
 
 // Launches `kernel` through cudaLaunchKernelEx with `config` (its own attrs
-// left empty), the attributes `attrs` (may be empty) and, when `programmatic`, programmatic dependent launch
-// (sm_90): the kernel may then be scheduled before the previous kernel of the
-// stream has finished (as soon as every CTA of that one called
+// left empty), the attributes `attrs` (may be empty) and, when
+// `programmatic`, programmatic dependent launch (sm_90): the kernel may then
+// be scheduled before the previous kernel of the stream has finished (as soon as every CTA of that one called
 // cudaTriggerProgrammaticLaunchCompletion() or exited), so its launch
 // latency hides behind the other's tail. Such a kernel must call
 // cudaGridDependencySynchronize() before it reads anything the previous
 // kernel wrote. Captured graphs keep the programmatic edge.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), cudaLaunchConfig_t config,
-                   std::initializer_list<cudaLaunchAttribute> attrs, bool programmatic, const char* kernel_name,
+                   std::span<const cudaLaunchAttribute> attrs, bool programmatic, const char* kernel_name,
                    Args&&... args) {
   cudaLaunchAttribute all[4] = {};
   if (config.numAttrs != 0 || attrs.size() >= std::size(all))
@@ -105,7 +105,7 @@ inline bool early_launches() {
 // launch_kernel, programmatic when early_launches().
 template <class... Params, class... Args>
 void launch_early(void (*kernel)(Params...), const cudaLaunchConfig_t& config,
-                  std::initializer_list<cudaLaunchAttribute> attrs, const char* kernel_name, Args&&... args) {
+                  std::span<const cudaLaunchAttribute> attrs, const char* kernel_name, Args&&... args) {
   launch_kernel(kernel, config, attrs, early_launches(), kernel_name, std::forward<Args>(args)...);
 }
 

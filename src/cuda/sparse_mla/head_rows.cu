@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 
 #include "common/env.hpp"
@@ -141,8 +142,8 @@ LaneLaunch launch(const KernelArgs& args, std::int64_t items, cudaStream_t strea
   }
   set_schedule_divisors(kernel_args, key_blocks);
   config.gridDim = dim3(static_cast<unsigned>(lanes * kItemsPerRow));
-  if constexpr (kPaired) launch_early(kernel, config, {cluster}, "sparse MLA kernel launch", kernel_args);
-  else launch_early(kernel, config, {}, "sparse MLA kernel launch", kernel_args);
+  launch_early(kernel, config, std::span<const cudaLaunchAttribute>(&cluster, kPaired ? 1 : 0),
+               "sparse MLA kernel launch", kernel_args);
   return {kernel_args.lanes, kItemsPerRow};
 }
 
