@@ -4,7 +4,8 @@
 //                     compacted global slots + valid counts (DESIGN §3), with bad
 //                     entries (beyond seq_len, < -1, huge) and block ids outside the
 //                     cache dropped, staged tokens mapped to their staged rows;
-//   PreAttentionTest  every part in one launch, as the decode route runs it: the
+//   PreAttentionTest  every part in one launch, as the decode route runs it (with the
+//                     weight prefetch of DSMLA_PREFETCH_WEIGHTS=1): the
 //                     cache bytes equal the host writer's (write_cache_token; padding
 //                     and out-of-range slots untouched), padding rows zeroed with
 //                     lse = -inf, the conversion as above, q_pe (and the compact
@@ -284,6 +285,10 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
   Guarded<std::int32_t> d_slots(n * kTopk, 0x5a5a5a5a, 0x0f0f0f0f), d_counts(n, 0x5a5a5a5a, 0x0f0f0f0f);
   Guarded<std::uint16_t> d_q_abs(n * H * kLatentKeyDim, test::kPoisonBf16, 0x1234);
   Guarded<std::uint16_t> d_q_nope(n * H * kNopeDim, test::kPoisonBf16, 0x1234);
+  // w_kv_b, which the weight part only prefetches: random, guarded, never written.
+  Guarded<std::uint16_t> d_w_kv_b(std::size_t{H} * kKvBRowsPerHead * kLatentDim, 0, 0x1234);
+  for (auto& w : d_w_kv_b.contents()) w = static_cast<std::uint16_t>(rng());
+  d_w_kv_b.upload();
   d_cache.upload();
   d_out.upload();
   d_lse.upload();
@@ -293,6 +298,7 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
   d_q_nope.upload();
 
   cuda::PreAttentionParams p;
+  p.weights = {.w_kv_b = d_w_kv_b.data(), .num_heads = H};  // its blocks first: every other part's range moves
   p.cache = {.kv_c = d_kv_c.data(),
              .k_pe = d_k_pe.data(),
              .slot_mapping = d_slot_mapping.data(),
@@ -358,6 +364,7 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
     }
   expect_same_bits(want_q_abs, d_q_abs.all(), "q_abs");
   expect_same_bits(want_q_nope, d_q_nope.all(), "q_nope");
+  expect_same_bits(d_w_kv_b.initial(), d_w_kv_b.all(), "w_kv_b (prefetched only)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PreAttentionTest,
