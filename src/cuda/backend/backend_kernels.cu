@@ -179,7 +179,8 @@ static_assert(kWukBytesPerHead % kPrefetchChunkBytes == 0 && kWukBytesPerHead / 
 __device__ void prefetch_weights(const WeightPrefetchParams& p, int head) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   if (warp >= kWukBytesPerHead / kPrefetchChunkBytes || threadIdx.x % 32 != 0) return;
-  const auto* head_rows = reinterpret_cast<const std::uint8_t*>(p.w_kv_b + std::int64_t{head} * kKvBRowsPerHead * kLatentDim);
+  const auto* head_rows =
+      reinterpret_cast<const std::uint8_t*>(p.w_kv_b + std::int64_t{head} * kKvBRowsPerHead * kLatentDim);
   cute::SM90_BULK_COPY_G2S::PREFETCH::copy(head_rows + std::int64_t{warp} * kPrefetchChunkBytes, kPrefetchChunkBytes);
 }
 
