@@ -186,11 +186,16 @@ __device__ void prefetch_weights(const WeightPrefetchParams& p, int head) {
 
 __global__ void __launch_bounds__(kPreThreads)
     pre_attention_kernel(const __grid_constant__ PreAttentionParams p, const PreAttentionGrid g) {
-  cudaGridDependencySynchronize();  // launched early (launch_early): the stream's previous kernel has completed
   const int b = blockIdx.x;
+  // The weights are read only as an L2 hint and nothing in the stream writes them
+  // (L2 is where device memory is coherent, so a hint cannot fetch a stale value):
+  // their blocks need not wait for the previous kernel.
   if (b < g.convert_begin) {
     prefetch_weights(p.weights, b);
-  } else if (b < g.query_begin) {
+    return;
+  }
+  cudaGridDependencySynchronize();  // launched early (launch_early): the stream's previous kernel has completed
+  if (b < g.query_begin) {
     convert_topk_token(p.convert, b - g.convert_begin);
   } else if (b < g.cache_begin) {
     prepare_sparse_query(p.query, b - g.query_begin, g.cache_begin - g.query_begin);
