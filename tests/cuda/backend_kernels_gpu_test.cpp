@@ -4,8 +4,8 @@
 //                     compacted global slots + valid counts (DESIGN §3), with bad
 //                     entries (beyond seq_len, < -1, huge) and block ids outside the
 //                     cache dropped, staged tokens mapped to their staged rows;
-//   PreAttentionTest  every part in one launch, as the decode route runs it (with the
-//                     weight prefetch of DSMLA_PREFETCH_WEIGHTS=1): the
+//   PreAttentionTest  every part in one launch, as the decode route runs it (half the
+//                     cases with the weight prefetch of DSMLA_PREFETCH_WEIGHTS=1): the
 //                     cache bytes equal the host writer's (write_cache_token; padding
 //                     and out-of-range slots untouched), padding rows zeroed with
 //                     lse = -inf, the conversion as above, q_pe (and the compact
@@ -215,11 +215,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvertTopkTest,
 struct PreAttentionCase {
   CacheFormat format;
   float k_scale;
-  bool compact_q_nope;  // the scattered-token case: q_nope rows copied out for the GEMM
+  bool compact_q_nope;   // the scattered-token case: q_nope rows copied out for the GEMM
+  bool prefetch_weights;  // the weight part too (DSMLA_PREFETCH_WEIGHTS=1): every other part's range moves
   std::string name() const {
     std::string n(to_string(format));
     if (format == CacheFormat::fp8) n += "_k" + std::to_string(static_cast<int>(k_scale));
-    return n + (compact_q_nope ? "_compact_q_nope" : "_q_pe_only");
+    return n + (compact_q_nope ? "_compact_q_nope" : "_q_pe_only") + (prefetch_weights ? "_prefetch" : "");
   }
 };
 
@@ -298,7 +299,7 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
   d_q_nope.upload();
 
   cuda::PreAttentionParams p;
-  p.weights = {.w_kv_b = d_w_kv_b.data(), .num_heads = H};  // its blocks first: every other part's range moves
+  if (pc.prefetch_weights) p.weights = {.w_kv_b = d_w_kv_b.data(), .num_heads = H};  // its blocks first
   p.cache = {.kv_c = d_kv_c.data(),
              .k_pe = d_k_pe.data(),
              .slot_mapping = d_slot_mapping.data(),
@@ -368,10 +369,10 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PreAttentionTest,
-                         ::testing::Values(PreAttentionCase{CacheFormat::bf16, 1.f, false},
-                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, false},
-                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, true},
-                                           PreAttentionCase{CacheFormat::fp8, 3.f, true}),
+                         ::testing::Values(PreAttentionCase{CacheFormat::bf16, 1.f, false, false},
+                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, false, true},
+                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, true, false},
+                                           PreAttentionCase{CacheFormat::fp8, 3.f, true, true}),
                          [](const auto& info) { return info.param.name(); });
 
 // Value-initialised params leave every part out: nothing is launched, nothing fails.

@@ -156,8 +156,10 @@ __global__ void __launch_bounds__(kMoveThreads) scatter_rows_kernel(ScatterRowsP
 //   padding  move_blocks(its vectors) blocks, grid-stride (fill_padding_rows)
 // The part is uniform over a block, so the conversion's __syncthreads is met by
 // every thread of its block, and the cache write's early return of a skipped
-// token leaves whole warps. The conversion comes first: it is the longest part
-// (two dependent memory latencies per chunk), and blocks start in index order.
+// token leaves whole warps. Blocks start in index order: the weight prefetch
+// comes first (its bytes take longest to stream, and its blocks only issue),
+// then the conversion, the longest part (two dependent memory latencies per
+// chunk).
 constexpr int kPreThreads = 256;
 static_assert(kPreThreads == kConvertThreads && kPreThreads == kMoveThreads,
               "the parts' block sizes are the fused kernel's");
@@ -170,7 +172,8 @@ struct PreAttentionGrid {
 
 constexpr int kPrefetchChunkBytes = 16 << 10;
 constexpr int kWukBytesPerHead = kNopeDim * kLatentDim * 2;  // 128 rows of 512 bf16
-static_assert(kWukBytesPerHead % kPrefetchChunkBytes == 0 && kWukBytesPerHead / kPrefetchChunkBytes <= kPreThreads / 32,
+constexpr int kPrefetchChunksPerHead = kWukBytesPerHead / kPrefetchChunkBytes;
+static_assert(kWukBytesPerHead % kPrefetchChunkBytes == 0 && kPrefetchChunksPerHead <= kPreThreads / 32,
               "one chunk a warp");
 
 // Lane 0 of the first warps of the block: one bulk prefetch each (CuTe's
@@ -178,7 +181,7 @@ static_assert(kWukBytesPerHead % kPrefetchChunkBytes == 0 && kWukBytesPerHead / 
 // shared memory, no completion to wait for).
 __device__ void prefetch_weights(const WeightPrefetchParams& p, int head) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  if (warp >= kWukBytesPerHead / kPrefetchChunkBytes || threadIdx.x % 32 != 0) return;
+  if (warp >= kPrefetchChunksPerHead || threadIdx.x % 32 != 0) return;
   const auto* head_rows =
       reinterpret_cast<const std::uint8_t*>(p.w_kv_b + std::int64_t{head} * kKvBRowsPerHead * kLatentDim);
   cute::SM90_BULK_COPY_G2S::PREFETCH::copy(head_rows + std::int64_t{warp} * kPrefetchChunkBytes, kPrefetchChunkBytes);
