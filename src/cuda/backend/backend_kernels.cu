@@ -224,7 +224,9 @@ void launch_pre_attention(const PreAttentionParams& p, cudaStream_t stream) {
   const std::int64_t cache_blocks = (count(p.cache.num_tokens) + kCacheTokensPerBlock - 1) / kCacheTokensPerBlock;
   const std::int64_t padding_blocks = move_blocks(padding_vecs);
   const std::int64_t end = prefetch_blocks + convert_blocks + query_blocks + cache_blocks + padding_blocks;
-  if (end == 0) return;
+  // The prefetch alone is no launch: its blocks do not wait for the previous
+  // kernel, so a grid of them only could complete before it.
+  if (end == prefetch_blocks) return;
   if (end > INT32_MAX)
     throw Error("pre-attention kernel: " + std::to_string(end) + " blocks exceed the grid limit of 2^31 - 1");
   const std::int64_t query_begin = prefetch_blocks + convert_blocks, cache_begin = query_begin + query_blocks;
