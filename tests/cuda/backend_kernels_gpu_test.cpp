@@ -286,8 +286,9 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
   Guarded<std::int32_t> d_slots(n * kTopk, 0x5a5a5a5a, 0x0f0f0f0f), d_counts(n, 0x5a5a5a5a, 0x0f0f0f0f);
   Guarded<std::uint16_t> d_q_abs(n * H * kLatentKeyDim, test::kPoisonBf16, 0x1234);
   Guarded<std::uint16_t> d_q_nope(n * H * kNopeDim, test::kPoisonBf16, 0x1234);
-  // w_kv_b, which the weight part only prefetches: random, guarded, never written.
-  Guarded<std::uint16_t> d_w_kv_b(std::size_t{H} * kKvBRowsPerHead * kLatentDim, 0, 0x1234);
+  // w_kv_b, which the weight part only prefetches: random, guarded, never written
+  // (guards only where the case leaves the part out).
+  Guarded<std::uint16_t> d_w_kv_b(pc.prefetch_weights ? std::size_t{H} * kKvBRowsPerHead * kLatentDim : 0, 0, 0x1234);
   for (auto& w : d_w_kv_b.contents()) w = static_cast<std::uint16_t>(rng());
   d_w_kv_b.upload();
   d_cache.upload();

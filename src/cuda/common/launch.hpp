@@ -52,7 +52,8 @@ inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kern
 // Launches `kernel` through cudaLaunchKernelEx with `config` (its own attrs
 // left empty), the attributes `attrs` (may be empty) and, when
 // `programmatic`, programmatic dependent launch (sm_90): the kernel may then
-// be scheduled before the previous kernel of the stream has finished (as soon as every CTA of that one called
+// be scheduled before the previous kernel of the stream has finished (as
+// soon as every CTA of that one called
 // cudaTriggerProgrammaticLaunchCompletion() or exited), so its launch
 // latency hides behind the other's tail. Such a kernel must call
 // cudaGridDependencySynchronize() before it reads anything the previous
@@ -91,13 +92,14 @@ void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, cudaS
 // (the pre-attention kernel, the sparse MLA kernel) are launched with
 // programmatic dependent launch: scheduled while the previous kernel of the
 // stream (in the decode route cuBLAS's absorption GEMM) drains, so that their
-// launch and barrier set-up overlap its tail. Each waits in
-// cudaGridDependencySynchronize() before its first access to global memory,
-// so whatever runs before it, it reads and writes nothing earlier than a
-// plain launch would (one exception: the pre-attention kernel's weight-prefetch
-// blocks issue L2 prefetch hints of w_kv_b, which nothing in the stream
-// writes, without waiting; cuda/backend/backend_kernels.cu). DSMLA_PDL in the environment (read once): 1 on;
-// unset or 0 plain launches. Opt-in until a GPU has measured it (backend
+// launch and the CTAs' rise overlap its tail. Each waits in
+// cudaGridDependencySynchronize() at entry, before its first access to
+// global memory, so whatever runs before it, it reads and writes nothing
+// earlier than a plain launch would (one exception: the pre-attention
+// kernel's weight-prefetch blocks issue L2 prefetch hints of w_kv_b, which
+// nothing in the stream writes, without waiting;
+// cuda/backend/backend_kernels.cu). DSMLA_PDL in the environment (read
+// once): 1 on; unset or 0 plain launches. Opt-in until a GPU has measured it (backend
 // NOTES.md, "Kernels launched early").
 inline bool early_launches() {
   static const bool value = dsmla::detail::env_choice("DSMLA_PDL", {"0", "1"}) == 1;
