@@ -103,9 +103,8 @@ bool plan_sparse_pairing(CacheFormat format, int num_heads) {
 }
 
 SparseConsumers plan_sparse_consumers(CacheFormat format, int num_heads) {
-  if (num_heads != 16 && num_heads != 32) return SparseConsumers::heads_as_rows;
-  if (format != CacheFormat::bf16) return SparseConsumers::key_roles;
-  return num_heads == 16 ? SparseConsumers::keys_split : SparseConsumers::heads_as_rows;
+  return format == CacheFormat::bf16 && num_heads == 16 ? SparseConsumers::keys_split
+                                                         : SparseConsumers::heads_as_rows;
 }
 
 namespace {

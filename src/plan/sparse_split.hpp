@@ -91,9 +91,10 @@ enum class SparseConsumers {
 // H200 (sparse_mla/NOTES.md, "Keys as rows", "Small heads, round by round"):
 // bf16 (prefill): 16 heads keys split (9-22 % faster than padded; roles 2-5 %
 // slower), 32 heads padded (keys split up to 39 % slower elsewhere than at
-// S 4096, roles 8-17 % slower); fp8 caches (decode): roles at 16 and 32 heads
-// (0.92-0.95x keys split's time at 16, 0.85-0.90x padded at 32). Every other
-// head count: heads as rows.
+// S 4096, roles 8-17 % slower); fp8 caches (decode): padded at 16 and 32
+// heads, which since the heads-as-rows kernels' gains of sessions 36-42 take
+// 0.87-0.94x / 0.65-0.84x the roles' time at batch 16-128 (H100, session 49).
+// Every other head count: heads as rows.
 // DSMLA_SPARSE_KEY_ROWS in the environment (read by the launcher,
 // src/cuda/sparse_mla/head_rows.cu) overrides it at 16 and 32 heads: 0 heads
 // as rows, 1 keys split, 2 keys split at 16 and heads split at 32

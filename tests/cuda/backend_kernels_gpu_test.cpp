@@ -4,8 +4,7 @@
 //                     compacted global slots + valid counts (DESIGN §3), with bad
 //                     entries (beyond seq_len, < -1, huge) and block ids outside the
 //                     cache dropped, staged tokens mapped to their staged rows;
-//   PreAttentionTest  every part in one launch, as the decode route runs it (half the
-//                     cases with the weight prefetch of DSMLA_PREFETCH_WEIGHTS=1): the
+//   PreAttentionTest  every part in one launch, as the decode route runs it: the
 //                     cache bytes equal the host writer's (write_cache_token; padding
 //                     and out-of-range slots untouched), padding rows zeroed with
 //                     lse = -inf, the conversion as above, q_pe (and the compact
@@ -215,12 +214,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvertTopkTest,
 struct PreAttentionCase {
   CacheFormat format;
   float k_scale;
-  bool compact_q_nope;   // the scattered-token case: q_nope rows copied out for the GEMM
-  bool prefetch_weights;  // the weight part too (DSMLA_PREFETCH_WEIGHTS=1): every other part's range moves
+  bool compact_q_nope;  // the scattered-token case: q_nope rows copied out for the GEMM
   std::string name() const {
     std::string n(to_string(format));
     if (format == CacheFormat::fp8) n += "_k" + std::to_string(static_cast<int>(k_scale));
-    return n + (compact_q_nope ? "_compact_q_nope" : "_q_pe_only") + (prefetch_weights ? "_prefetch" : "");
+    return n + (compact_q_nope ? "_compact_q_nope" : "_q_pe_only");
   }
 };
 
@@ -286,11 +284,6 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
   Guarded<std::int32_t> d_slots(n * kTopk, 0x5a5a5a5a, 0x0f0f0f0f), d_counts(n, 0x5a5a5a5a, 0x0f0f0f0f);
   Guarded<std::uint16_t> d_q_abs(n * H * kLatentKeyDim, test::kPoisonBf16, 0x1234);
   Guarded<std::uint16_t> d_q_nope(n * H * kNopeDim, test::kPoisonBf16, 0x1234);
-  // w_kv_b, which the weight part only prefetches: random, guarded, never written
-  // (guards only where the case leaves the part out).
-  Guarded<std::uint16_t> d_w_kv_b(pc.prefetch_weights ? std::size_t{H} * kKvBRowsPerHead * kLatentDim : 0, 0, 0x1234);
-  for (auto& w : d_w_kv_b.contents()) w = static_cast<std::uint16_t>(rng());
-  d_w_kv_b.upload();
   d_cache.upload();
   d_out.upload();
   d_lse.upload();
@@ -300,7 +293,6 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
   d_q_nope.upload();
 
   cuda::PreAttentionParams p;
-  if (pc.prefetch_weights) p.weights = {.w_kv_b = d_w_kv_b.data(), .num_heads = H};  // its blocks first
   p.cache = {.kv_c = d_kv_c.data(),
              .k_pe = d_k_pe.data(),
              .slot_mapping = d_slot_mapping.data(),
@@ -366,14 +358,13 @@ TEST_P(PreAttentionTest, OneLaunchDoesEveryPart) {
     }
   expect_same_bits(want_q_abs, d_q_abs.all(), "q_abs");
   expect_same_bits(want_q_nope, d_q_nope.all(), "q_nope");
-  expect_same_bits(d_w_kv_b.initial(), d_w_kv_b.all(), "w_kv_b (prefetched only)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PreAttentionTest,
-                         ::testing::Values(PreAttentionCase{CacheFormat::bf16, 1.f, false, false},
-                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, false, true},
-                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, true, false},
-                                           PreAttentionCase{CacheFormat::fp8, 3.f, true, true}),
+                         ::testing::Values(PreAttentionCase{CacheFormat::bf16, 1.f, false},
+                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, false},
+                                           PreAttentionCase{CacheFormat::fp8_ds_mla, 1.f, true},
+                                           PreAttentionCase{CacheFormat::fp8, 3.f, true}),
                          [](const auto& info) { return info.param.name(); });
 
 // Value-initialised params leave every part out: nothing is launched, nothing fails.

@@ -215,9 +215,9 @@ TEST(SparseConsumerLayout, Bf16KeepsKeysSplitAt16AndPaddingAt32) {
   EXPECT_EQ(plan_sparse_consumers(CacheFormat::bf16, 32), SparseConsumers::heads_as_rows);
 }
 
-TEST(SparseConsumerLayout, Fp8CachesRunRolesAt16And32) {
+TEST(SparseConsumerLayout, Fp8CachesPadSmallHeadsTo64Rows) {
   for (CacheFormat format : {CacheFormat::fp8_ds_mla, CacheFormat::fp8})
-    for (int heads : {16, 32}) EXPECT_EQ(plan_sparse_consumers(format, heads), SparseConsumers::key_roles);
+    for (int heads : {16, 32}) EXPECT_EQ(plan_sparse_consumers(format, heads), SparseConsumers::heads_as_rows);
 }
 
 }  // namespace

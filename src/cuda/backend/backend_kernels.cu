@@ -6,8 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include <cute/arch/copy_sm90_tma.hpp>
-
 #include "cuda/backend/backend_kernels.hpp"
 #include "cuda/cache/cache_write.cuh"
 #include "cuda/common/cuda_check.hpp"
@@ -149,57 +147,30 @@ __global__ void __launch_bounds__(kMoveThreads) scatter_rows_kernel(ScatterRowsP
 //
 // One grid whose blocks fall into consecutive ranges, one per part of
 // PreAttentionParams (a range is empty when its part is left out):
-//   weights  one block per head: its W_UK rows as 8 bulk L2 prefetches of 16 KB
 //   convert  one block per sparse token (convert_topk_token)
 //   query    move_blocks(its vectors) blocks, grid-stride (prepare_sparse_query)
 //   cache    one block per two new tokens, 128 threads each (cache_write_token)
 //   padding  move_blocks(its vectors) blocks, grid-stride (fill_padding_rows)
 // The part is uniform over a block, so the conversion's __syncthreads is met by
 // every thread of its block, and the cache write's early return of a skipped
-// token leaves whole warps. Blocks start in index order: the weight prefetch
-// comes first (its bytes take longest to stream, and its blocks only issue),
-// then the conversion, the longest part (two dependent memory latencies per
-// chunk).
+// token leaves whole warps. The conversion comes first: it is the longest part
+// (two dependent memory latencies per chunk), and blocks start in index order.
 constexpr int kPreThreads = 256;
 static_assert(kPreThreads == kConvertThreads && kPreThreads == kMoveThreads,
               "the parts' block sizes are the fused kernel's");
 constexpr int kCacheTokensPerBlock = kPreThreads / cache_write_detail::kThreadsPerToken;  // 2
 
-// Where each part's range begins (the weight prefetch's at 0) and the grid ends.
+// Where each part's range begins (the conversion's at 0) and the grid ends.
 struct PreAttentionGrid {
-  int convert_begin, query_begin, cache_begin, padding_begin, end;
+  int query_begin, cache_begin, padding_begin, end;
 };
-
-constexpr int kPrefetchChunkBytes = 16 << 10;
-constexpr int kWukBytesPerHead = kNopeDim * kLatentDim * 2;  // 128 rows of 512 bf16
-constexpr int kPrefetchChunksPerHead = kWukBytesPerHead / kPrefetchChunkBytes;
-static_assert(kWukBytesPerHead % kPrefetchChunkBytes == 0 && kPrefetchChunksPerHead <= kPreThreads / 32,
-              "one chunk a warp");
-
-// Lane 0 of the first warps of the block: one bulk prefetch each (CuTe's
-// SM90_BULK_COPY_G2S::PREFETCH, cp.async.bulk.prefetch.L2: no register, no
-// shared memory, no completion to wait for).
-__device__ void prefetch_weights(const WeightPrefetchParams& p, int head) {
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  if (warp >= kPrefetchChunksPerHead || threadIdx.x % 32 != 0) return;
-  const auto* head_rows =
-      reinterpret_cast<const std::uint8_t*>(p.w_kv_b + std::int64_t{head} * kKvBRowsPerHead * kLatentDim);
-  cute::SM90_BULK_COPY_G2S::PREFETCH::copy(head_rows + std::int64_t{warp} * kPrefetchChunkBytes, kPrefetchChunkBytes);
-}
 
 __global__ void __launch_bounds__(kPreThreads)
     pre_attention_kernel(const __grid_constant__ PreAttentionParams p, const PreAttentionGrid g) {
-  const int b = blockIdx.x;
-  // The weights are read only as an L2 hint and nothing in the stream writes them
-  // (L2 is where device memory is coherent, so a hint cannot fetch a stale value):
-  // their blocks need not wait for the previous kernel.
-  if (b < g.convert_begin) {
-    prefetch_weights(p.weights, b);
-    return;
-  }
   cudaGridDependencySynchronize();  // launched early (launch_early): the stream's previous kernel has completed
+  const int b = blockIdx.x;
   if (b < g.query_begin) {
-    convert_topk_token(p.convert, b - g.convert_begin);
+    convert_topk_token(p.convert, b);
   } else if (b < g.cache_begin) {
     prepare_sparse_query(p.query, b - g.query_begin, g.cache_begin - g.query_begin);
   } else if (b < g.padding_begin) {
@@ -218,22 +189,17 @@ void launch_pre_attention(const PreAttentionParams& p, cudaStream_t stream) {
   const int query_vecs_per_head = (p.query.q_nope != nullptr ? kQkHeadDim : kRopeDim) / kVec;
   const std::int64_t query_vecs = count(p.query.num_tokens) * count(p.query.num_heads) * query_vecs_per_head;
   const std::int64_t padding_vecs = count(p.padding.num_rows) * count(p.padding.num_heads) * (kVHeadDim / kVec);
-  const std::int64_t prefetch_blocks = p.weights.w_kv_b != nullptr ? count(p.weights.num_heads) : 0;
   const std::int64_t convert_blocks = p.convert.topk > 0 ? count(p.convert.num_tokens) : 0;
   const std::int64_t query_blocks = move_blocks(query_vecs);
   const std::int64_t cache_blocks = (count(p.cache.num_tokens) + kCacheTokensPerBlock - 1) / kCacheTokensPerBlock;
   const std::int64_t padding_blocks = move_blocks(padding_vecs);
-  const std::int64_t end = prefetch_blocks + convert_blocks + query_blocks + cache_blocks + padding_blocks;
-  // The prefetch alone is no launch: its blocks do not wait for the previous
-  // kernel, so a grid of them only could complete before it.
-  if (end == prefetch_blocks) return;
+  const std::int64_t end = convert_blocks + query_blocks + cache_blocks + padding_blocks;
+  if (end == 0) return;
   if (end > INT32_MAX)
     throw Error("pre-attention kernel: " + std::to_string(end) + " blocks exceed the grid limit of 2^31 - 1");
-  const std::int64_t query_begin = prefetch_blocks + convert_blocks, cache_begin = query_begin + query_blocks;
-  const PreAttentionGrid g{.convert_begin = static_cast<int>(prefetch_blocks),
-                           .query_begin = static_cast<int>(query_begin),
-                           .cache_begin = static_cast<int>(cache_begin),
-                           .padding_begin = static_cast<int>(cache_begin + cache_blocks),
+  const PreAttentionGrid g{.query_begin = static_cast<int>(convert_blocks),
+                           .cache_begin = static_cast<int>(convert_blocks + query_blocks),
+                           .padding_begin = static_cast<int>(convert_blocks + query_blocks + cache_blocks),
                            .end = static_cast<int>(end)};
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(end));

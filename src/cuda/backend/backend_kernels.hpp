@@ -75,21 +75,10 @@ struct PaddingRowsParams {
   float* lse = nullptr;                // [T, H]
 };
 
-// An L2 prefetch of the absorption GEMM's weights (W_UK of every head: rows
-// [256 h, 256 h + 128) of w_kv_b, 128 KB contiguous a head), so that the GEMM
-// that follows the launch reads them from L2 instead of DRAM. It reads memory
-// only as a hint (no value is loaded into a register, nothing is written). A
-// part of PreAttentionParams; num_heads 0 leaves it out.
-struct WeightPrefetchParams {
-  const std::uint16_t* w_kv_b = nullptr;  // [H * 256, 512] bf16
-  int num_heads = 0;
-};
-
 // Everything run() does before the first GEMM, in one launch (a decode step is
 // latency bound: every launch saved is a few microseconds of a ~0.1 ms step;
-// backend NOTES.md, "Decode route"). Five independent parts, each left out when
+// backend NOTES.md, "Decode route"). Four independent parts, each left out when
 // its count is 0 (value-initialised params leave it out):
-//   weights the weight prefetch into L2, num_heads (DSMLA_PREFETCH_WEIGHTS=1 only)
 //   cache   the cache write of every new token (cache/cache_kernels.hpp), num_tokens
 //   padding the padding rows, num_rows
 //   convert the top-k conversion of the sparse tokens, num_tokens
@@ -101,7 +90,6 @@ struct WeightPrefetchParams {
 // gave. In particular nothing here reads the cache: the sparse kernel, which
 // reads the new tokens' slots, comes in a later launch.
 struct PreAttentionParams {
-  WeightPrefetchParams weights;
   CacheWriteParams cache;
   PaddingRowsParams padding;
   TopkConvertParams convert;

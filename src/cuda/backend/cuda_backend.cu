@@ -59,10 +59,6 @@
 // A backend object serves one thread at a time on the device that was current
 // when it was constructed.
 //
-// DSMLA_PREFETCH_WEIGHTS=1 (read at construction; opt-in until measured): the
-// sparse path's pre-attention launch also prefetches W_UK into L2 for the
-// absorption GEMM that follows it.
-//
 // DSMLA_OVERLAP_PATHS=1 (read at construction; opt-in until measured, see
 // NOTES.md of cuda/backend): a batch with both paths runs the dense one on a
 // second stream, forked from the caller's after steps 1-2 and joined back with
@@ -223,7 +219,6 @@ class CudaBackend final : public BackendImpl {
       cublas_workspace_.resize(kCublasWorkspaceBytes);
       dense_unit_counter_.resize(1);
       stage_latent_ = dsmla::detail::env_choice("DSMLA_STAGE_LATENT", {"0", "1"}) != 0;
-      prefetch_weights_ = dsmla::detail::env_choice("DSMLA_PREFETCH_WEIGHTS", {"0", "1"}) == 1;
       if (dsmla::detail::env_choice("DSMLA_OVERLAP_PATHS", {"0", "1"}) == 1) {
         overlap_ = std::make_unique<PathOverlap>();
         overlap_->cublas_workspace.resize(kCublasWorkspaceBytes);
@@ -264,7 +259,6 @@ class CudaBackend final : public BackendImpl {
 
   PlanOptions options_;
   bool stage_latent_ = true;  // DSMLA_STAGE_LATENT != 0
-  bool prefetch_weights_ = false;  // DSMLA_PREFETCH_WEIGHTS == 1: W_UK into L2 in the sparse pre-attention launch
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer<std::uint8_t> cublas_workspace_;
   // DSMLA_OVERLAP_PATHS=1 only: the dense path's stream, the events that fork
@@ -466,7 +460,6 @@ PreAttentionParams CudaBackend::sparse_pre_attention(const Plan& plan, const For
                                                      void* workspace) const {
   const SparseRegions r = sparse_regions(plan, workspace);
   PreAttentionParams pre;
-  if (prefetch_weights_) pre.weights = {.w_kv_b = in.w_kv_b, .num_heads = plan.options.num_heads};
   pre.convert = {.topk_indices = sparse_topk(plan, in, workspace),
                  .topk = plan.options.topk,
                  .tokens = sparse_tokens_.data(),
