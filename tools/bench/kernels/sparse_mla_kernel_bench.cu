@@ -3,7 +3,7 @@
 // (tools/CMakeLists.txt); run on the GPU machine:
 //
 //   build/sparse_mla_kernel_bench [--quick | --small-heads | --decode-sweep] [--case TEXT] [--own-inputs]
-//                                 [--gather-ceiling] [--trace FILE] | --fence-probe
+//                                 [--gather-ceiling] [--query-heads N] [--trace FILE] | --fence-probe
 //
 // --small-heads: the H 16 / 32 cases next to H 64 (prefill S 256..4096, decode B 1..128).
 // --decode-sweep: fp8_ds_mla decode at H 128 and H 64 over the batch sizes
@@ -12,6 +12,9 @@
 // --gather-ceiling: after each case, the time to read its valid key rows once
 // with nothing else (gather_ceiling.cuh), and the case's gathered bytes per
 // second against it.
+// --query-heads N: every query's heads N and up zeroed, as the kernel
+// zero-fills the rows past a head count padded to 64: does the time depend
+// on the query's values? (sparse_mla/NOTES.md, session 49)
 // --trace FILE (a build with -DDSMLA_TRACE=ON only): after each case's timing,
 // one more launch whose per-CTA clock stamps (head_rows_work.cuh, trace_slot)
 // are appended to FILE as CSV rows case,cta,slot,value (nonzero stamps only);
@@ -80,6 +83,7 @@ using dsmla::bench::mix64;
 //     scales in [0.5, 1.5] / 448; DeepSeek-V3.2's softmax scale.
 bool g_own_inputs = false;
 bool g_gather_ceiling = false;  // --gather-ceiling
+int g_query_heads = 0;          // --query-heads N: heads >= N of every query zeroed (0: none)
 std::string g_trace_file;       // --trace FILE
 
 // Element i of a tensor seeded `seed` as bf16 bits: uniform in [-amp, amp) (own inputs) or standard normal (the anchors').
@@ -301,6 +305,9 @@ Result run_case(const Case& c, int warmup, int reps) {
   auto* d_slots = device_alloc<std::int32_t>(c.slots.size());
   auto* d_counts = device_alloc<std::int32_t>(n);
   fill_bf16_kernel<<<4096, 256>>>(d_q, n * H * 576, 0x1234, 1.5f, g_own_inputs);
+  if (g_query_heads > 0 && g_query_heads < H)  // the rows a padded head count would zero-fill
+    DSMLA_CUDA_CHECK(cudaMemset2D(d_q + g_query_heads * 576, std::size_t(H) * 576 * 2, 0,
+                                  std::size_t(H - g_query_heads) * 576 * 2, n));
   fill_cache_kernel<<<4096, 256>>>(d_cache, c.num_slots, format_index(c.format), 0x5678, g_own_inputs);
   DSMLA_CUDA_CHECK(cudaGetLastError());
   DSMLA_CUDA_CHECK(cudaMemcpy(d_slots, c.slots.data(), c.slots.size() * 4, cudaMemcpyHostToDevice));
@@ -389,9 +396,10 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--own-inputs") == 0) g_own_inputs = true;
     else if (std::strcmp(argv[i], "--gather-ceiling") == 0) g_gather_ceiling = true;
     else if (std::strcmp(argv[i], "--fence-probe") == 0) fence_probe = true;
+    else if (std::strcmp(argv[i], "--query-heads") == 0 && i + 1 < argc) g_query_heads = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) g_trace_file = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling, --trace FILE, --fence-probe)\n",
+      std::fprintf(stderr, "unknown argument '%s' (expected --quick, --small-heads, --decode-sweep, --case TEXT, --own-inputs, --gather-ceiling, --query-heads N, --trace FILE, --fence-probe)\n",
                    argv[i]);
       return 2;
     }
