@@ -17,7 +17,10 @@ loop.
 
   python3 bench/route_gemms.py [--heads 128] [--batches 16,64,128] [--json FILE] [--md FILE]
 
-Times are medians of 50 CUDA-event samples (torch_baselines.py's time_ms), one call each, after 10 warm-ups.
+Each figure is a median over 20 replays of a CUDA graph holding K calls in a row (K at least 16, and a whole pass
+over the cold copies), divided by K: a graph replays without the host's launch path, which event pairs around
+single torch calls measure instead (about 25 us a call on the H100 of session 49, whatever the GEMM: that
+version's figures are withdrawn, backend/NOTES.md).
 """
 import argparse, json, statistics
 
@@ -29,9 +32,23 @@ LATENT, NOPE, V_DIM = 512, 128, 128
 
 
 def median_us(fn, l2_bytes, footprint, make):
-    """Median us of fn(x) over copies of make() cycled so that a pass over them exceeds 2 x L2 (cold data)."""
+    """Median us of one fn(x), x cycling over copies of make() so that a pass over them exceeds 2 x L2 (cold data):
+    K calls captured in one CUDA graph, its replays timed, the median divided by K."""
     copies = [make() for _ in range(copies_for(footprint, l2_bytes))]
-    return statistics.median(time_ms(lambda i: fn(copies[i % len(copies)]), 10, 50)) * 1e3
+    calls = max(16, len(copies))
+    side = torch.cuda.Stream()  # cuBLAS picks its kernels and workspace before the capture, as torch's docs ask
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(copies[i % len(copies)])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(copies[i % len(copies)])
+    us = statistics.median(time_ms(lambda i: graph.replay(), 3, 20)) * 1e3 / calls
+    del graph
+    return us
 
 
 def gemm_bytes(kind, heads, n):
@@ -93,9 +110,8 @@ def main():
         floor = next(x["us"] for x in rows if x["batch"] == r["batch"] and x["kind"] == kind + " floor")
         r["x_floor"] = r["us"] / floor
     title = (f"Route GEMMs (bench/route_gemms.py): {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"H {args.heads}; median us of calls on cold weights, CUDA events around each call (their few us "
-             f"alike in every row); x floor = time / a sum reading as many bytes as the GEMM moves (weights, "
-             f"input, output once each)")
+             f"H {args.heads}; us of one call on cold weights (median of CUDA-graph replays of K calls, / K); "
+             f"x floor = time / a sum reading as many bytes as the GEMM moves (weights, input, output once each)")
     lines = [title, "", "| batch | formulation | MB | us | x floor |", "|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['formulation']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | {r['x_floor']:.2f} |"
               for r in rows]
