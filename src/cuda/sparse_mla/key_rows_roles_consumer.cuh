@@ -1,5 +1,6 @@
-// Keys-as-rows consumers for 16 and 32 heads (the default over fp8 caches,
-// plan_sparse_consumers; sparse_mla/NOTES.md, "Small heads, round by round")
+// Keys-as-rows consumers for 16 and 32 heads (DSMLA_SPARSE_KEY_ROWS=3 only
+// since session 49, when padding to 64 rows became faster over fp8 caches;
+// sparse_mla/NOTES.md, "Small heads, round by round" and "Session 49")
 // that split a key block by roles instead of by keys or heads, so that both warpgroups work on
 // one buffer while the producer refills the other, and the key tile is read
 // once a block (head halves read it twice):
