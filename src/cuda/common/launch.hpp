@@ -53,8 +53,8 @@ inline void opt_in_shared_memory(const void* kernel, int bytes, const char* kern
 // left empty), the attributes `attrs` (may be empty) and, when
 // `programmatic`, programmatic dependent launch (sm_90): the kernel may then
 // be scheduled before the previous kernel of the stream has finished (as
-// soon as every CTA of that one called
-// cudaTriggerProgrammaticLaunchCompletion() or exited), so its launch
+// soon as every CTA of that one called cudaTriggerProgrammaticLaunchCompletion()
+// or exited), so its launch
 // latency hides behind the other's tail. Such a kernel must call
 // cudaGridDependencySynchronize() before it reads anything the previous
 // kernel wrote. Captured graphs keep the programmatic edge.

@@ -42,7 +42,6 @@ Consumers consumers_for(CacheFormat format, int num_heads) {
   if (setting == -1) {
     switch (plan_sparse_consumers(format, num_heads)) {
       case SparseConsumers::keys_split: return Consumers::key_rows;
-      case SparseConsumers::key_roles: return Consumers::key_rows_roles;
       case SparseConsumers::heads_as_rows: return Consumers::head_rows;
     }
   }

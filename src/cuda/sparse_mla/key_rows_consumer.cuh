@@ -1,9 +1,9 @@
 // The consumer warpgroups of the keys-as-rows sparse MLA kernel, for 16 and 32
 // heads (TP-8 / TP-4 shards; by default 16 heads over a bf16 cache only,
 // plan_sparse_consumers: at 32 it is slower but at S 4096, and over fp8
-// caches padding to 64 rows is faster, sparse_mla/NOTES.md, session 49). The heads-as-rows consumers
-// (head_rows_consumer.cuh) put the heads on wgmma's M, which is 64 rows, so
-// 16 heads did the products of 64. Here the 64 keys of a block are M and the
+// caches padding to 64 rows is faster, sparse_mla/NOTES.md, session 49).
+// The heads-as-rows consumers (head_rows_consumer.cuh) put the heads on
+// wgmma's M, which is 64 rows, so 16 heads did the products of 64. Here the 64 keys of a block are M and the
 // heads are N (n16 / n32), so the tensor work follows H:
 //   S^T = K Q^T          A = K (the key buffer, K-major), B = Q (its first H rows)
 //   O^T += V^T P^T       A = V^T (the same buffer read MN-major), B = P^T (smem)
