@@ -138,13 +138,16 @@ def main():
     if a.dsmla:
         for m in json.load(open(a.dsmla)).get("mixed", []):
             if "forward_ms" in m and m.get("cache") == "fp8_ds_mla":
-                dsmla[m["heads"]] = m["forward_ms"]
+                dsmla[m["heads"]] = (m["forward_ms"], m.get("split_ms"))
     rows = []
     for H in (128, 64):
         try:
             r = peer_stack(H, gen)
             if H in dsmla:
-                r["dsmla_forward_ms"] = dsmla[H]; r["dsmla_over_peer"] = dsmla[H] / r["peer_ms"]
+                forward, split = dsmla[H]
+                r["dsmla_forward_ms"] = forward; r["dsmla_over_peer"] = forward / r["peer_ms"]
+                if split:
+                    r["dsmla_split_ms"] = split; r["dsmla_split_over_peer"] = split / r["peer_ms"]
         except Exception as e:  # one failing head count must not hide the other
             r = dict(H=H, error=repr(e)[:300])
         rows.append(r); print(r, flush=True)
@@ -156,12 +159,14 @@ def main():
         with open(a.md, "w") as f:
             f.write(f"Peer stack on the mixed batch, {env['gpu']}, torch {env['torch']} (per-batch routing: all prefills "
                     "sparse; cache write and fp8 -> bf16 dequantisation not timed)\n\n"
-                    "| H | peer ms | absorb | FlashMLA prefill | FlashMLA fp8 decode | output | dsmla forward ms | dsmla / peer |\n"
-                    "|---|---|---|---|---|---|---|---|\n")
+                    "| H | peer ms | absorb | FlashMLA prefill | FlashMLA fp8 decode | output | dsmla forward ms | dsmla / peer "
+                    "| dsmla split_at_topk ms | split / peer |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 if "error" in r:
-                    f.write(f"| {r['H']} | failed: {r['error']} |||||||\n"); continue
+                    f.write(f"| {r['H']} | failed: {r['error']} |||||||||\n"); continue
                 d = f"{r['dsmla_forward_ms']:.3f} | {r['dsmla_over_peer']:.2f}x" if "dsmla_forward_ms" in r else "– | –"
+                d += f" | {r['dsmla_split_ms']:.3f} | {r['dsmla_split_over_peer']:.2f}x" if "dsmla_split_ms" in r else " | – | –"
                 f.write(f"| {r['H']} | {r['peer_ms']:.3f} | {r['absorb_ms']:.3f} | {r['prefill_ms']:.3f} | "
                         f"{r['decode_ms']:.3f} | {r['output_ms']:.3f} | {d} |\n")
 

@@ -32,7 +32,7 @@ options:
   --seq-lens LIST         context + new tokens per request, comma-separated (required)
   --query-lens LIST       new tokens per request (required, same count)
   --topk N                top-k of the indexer (default 2048)
-  --policy NAME           per_request | per_batch | force_sparse (default per_request)
+  --policy NAME           per_request | per_batch | force_sparse | split_at_topk (default per_request)
   --decode-threshold N    query_len <= N is a decode (default 1)
   --heads H               query heads, multiple of 16 in [16, 128] (default 128)
   --block-size B          tokens per cache block (default 64)

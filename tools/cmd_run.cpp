@@ -39,7 +39,7 @@ checked too (finite weights, keys and cached scales, no NaN codes).
 options:
   -o, --out FILE        output file (required)
   --backend NAME        cpu | cuda | auto (default auto: cuda when a GPU is usable)
-  --policy NAME         per_request | per_batch | force_sparse
+  --policy NAME         per_request | per_batch | force_sparse | split_at_topk
                         (default: the case's 'policy' metadata)
   --threads N           CPU backend threads (default 0: all cores)
   --check               also run the CPU float64 reference on a copy of the

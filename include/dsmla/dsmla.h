@@ -21,7 +21,12 @@ typedef enum {
 
 typedef enum { DSMLA_BACKEND_CPU = 0, DSMLA_BACKEND_CUDA = 1 } dsmla_backend;
 typedef enum { DSMLA_CACHE_BF16 = 0, DSMLA_CACHE_FP8_DS_MLA = 1, DSMLA_CACHE_FP8 = 2 } dsmla_cache_format;
-typedef enum { DSMLA_POLICY_PER_REQUEST = 0, DSMLA_POLICY_PER_BATCH = 1, DSMLA_POLICY_FORCE_SPARSE = 2 } dsmla_policy;
+typedef enum {
+  DSMLA_POLICY_PER_REQUEST = 0,
+  DSMLA_POLICY_PER_BATCH = 1,
+  DSMLA_POLICY_FORCE_SPARSE = 2,
+  DSMLA_POLICY_SPLIT_AT_TOPK = 3 /* per_request, and prefills crossing topk split there (docs/api.md) */
+} dsmla_policy;
 
 typedef struct dsmla_attention dsmla_attention; /* opaque */
 

@@ -63,13 +63,14 @@ struct IndexerRow {
   std::int32_t pos = 0;
 };
 
-// One prefill request that takes the dense MHA path.
+// One prefill request that takes the dense MHA path: all its new tokens, or
+// (split_at_topk) those at positions below topk, the request's leading ones.
 struct DenseRequest {
   std::int32_t request = 0;     // index into seq_lens / block_table
   std::int32_t q_start = 0;     // first token row (= query_start_loc[request])
-  std::int32_t q_len = 0;       // new tokens
+  std::int32_t q_len = 0;       // new tokens on the dense path
   std::int32_t ctx_len = 0;     // cached prefix = seq_len - q_len
-  std::int32_t seq_len = 0;
+  std::int32_t seq_len = 0;     // ctx_len + q_len: the request's, or topk for a split one
   std::int64_t kv_row_start = 0;  // first row in the dense K/V workspace (sum of earlier seq_lens)
 };
 
@@ -80,7 +81,22 @@ struct RequestRoute {
   bool dense_exact = false;     // seq_len <= topk
   double dense_flops = 0;       // per head, DESIGN §3 cost model (before the factor)
   double sparse_flops = 0;      // per head
+  // A prefill that crosses topk (ctx_len < topk < seq_len), cut there: its new
+  // tokens at positions below topk dense, the others sparse. Per head, the two
+  // parts' cost-model FLOPs (before the factor); both 0 where no cut exists.
+  double split_dense_flops = 0, split_sparse_flops = 0;
   TokenPath path = TokenPath::sparse;  // decode / sparse / dense
+  // New tokens on the dense path: q_len when path is dense; under split_at_topk
+  // the topk - ctx_len leading ones of a prefill cut at topk (path stays sparse
+  // for the rest); else 0.
+  std::int32_t dense_q_len = 0;
+
+  bool is_split() const { return path == TokenPath::sparse && dense_q_len > 0; }
+  // Per head, the cost-model FLOPs of the path(s) taken (before the factor).
+  double flops() const {
+    if (is_split()) return split_dense_flops + split_sparse_flops;
+    return path == TokenPath::dense ? dense_flops : sparse_flops;
+  }
 };
 
 // Byte offsets of the regions run() uses inside the caller's workspace.

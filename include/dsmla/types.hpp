@@ -36,6 +36,10 @@ enum class RoutingPolicy : int {
   per_request = 0,   // dense iff exact (seq_len <= topk) and cheaper by the cost model
   per_batch = 1,     // all prefills dense iff every prefill has seq_len <= topk
   force_sparse = 2,  // everything on the sparse path
+  // per_request, and a prefill whose positions cross topk (ctx_len < topk < seq_len)
+  // runs its new tokens at positions below topk dense (exact there: each selects
+  // all of 0..pos) and the rest sparse, when that is cheaper by the cost model.
+  split_at_topk = 3,
 };
 
 // What a token row of the batch does.

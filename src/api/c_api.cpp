@@ -70,7 +70,7 @@ void require_data(const void* p, std::int64_t elements, const char* name) {
 dsmla::PlanOptions to_plan_options(const dsmla_options& o) {
   if (o.cache_format < DSMLA_CACHE_BF16 || o.cache_format > DSMLA_CACHE_FP8)
     throw dsmla::Error("options.cache_format " + std::to_string(o.cache_format) + " is not a dsmla_cache_format");
-  if (o.policy < DSMLA_POLICY_PER_REQUEST || o.policy > DSMLA_POLICY_FORCE_SPARSE)
+  if (o.policy < DSMLA_POLICY_PER_REQUEST || o.policy > DSMLA_POLICY_SPLIT_AT_TOPK)
     throw dsmla::Error("options.policy " + std::to_string(o.policy) + " is not a dsmla_policy");
   dsmla::PlanOptions p;
   p.num_heads = o.num_heads;

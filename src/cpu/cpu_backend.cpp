@@ -449,7 +449,7 @@ class CpuBackend final : public BackendImpl {
   void on_plan(const Plan& plan) override {
     double flops = 0;  // DESIGN §3 cost model, all heads
     for (const RequestRoute& route : plan.routes)
-      if (route.q_len > 0) flops += route.path == TokenPath::dense ? route.dense_flops : route.sparse_flops;
+      if (route.q_len > 0) flops += route.flops();
     flops *= plan.options.num_heads;
     flops += plan.indexer_flops;
     if (flops > kCpuMaxFlops) {

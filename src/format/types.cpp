@@ -26,6 +26,7 @@ std::string_view to_string(RoutingPolicy p) {
     case RoutingPolicy::per_request: return "per_request";
     case RoutingPolicy::per_batch: return "per_batch";
     case RoutingPolicy::force_sparse: return "force_sparse";
+    case RoutingPolicy::split_at_topk: return "split_at_topk";
   }
   return "?";
 }
@@ -51,8 +52,9 @@ RoutingPolicy parse_routing_policy(std::string_view s) {
   if (s == "per_request") return RoutingPolicy::per_request;
   if (s == "per_batch") return RoutingPolicy::per_batch;
   if (s == "force_sparse") return RoutingPolicy::force_sparse;
+  if (s == "split_at_topk") return RoutingPolicy::split_at_topk;
   throw Error("unknown routing policy '" + printable(s) +
-              "' (expected per_request, per_batch or force_sparse)");
+              "' (expected per_request, per_batch, force_sparse or split_at_topk)");
 }
 
 std::string printable(std::string_view text, std::size_t max_chars) {

@@ -23,14 +23,16 @@ Json counts_json(const Plan& plan) {
     sparse_prefill_tokens += path == TokenPath::sparse;
     dense_tokens += path == TokenPath::dense;
   }
-  std::int64_t sparse_prefill_requests = 0, empty_requests = 0;
+  std::int64_t sparse_prefill_requests = 0, split_requests = 0, empty_requests = 0;
   for (const RequestRoute& route : plan.routes) {
     if (route.q_len == 0) ++empty_requests;
     else if (route.path == TokenPath::sparse) ++sparse_prefill_requests;
+    split_requests += route.is_split();
   }
   return Json{{"decode_requests", plan.decode_requests.size()},
               {"sparse_prefill_requests", sparse_prefill_requests},
               {"dense_requests", plan.dense_requests.size()},
+              {"split_requests", split_requests},
               {"empty_requests", empty_requests},
               {"decode_tokens", decode_tokens},
               {"sparse_prefill_tokens", sparse_prefill_tokens},
@@ -48,11 +50,14 @@ std::string Plan::to_json() const {
                                {"q_len", route.q_len},
                                {"ctx_len", route.ctx_len},
                                {"seq_len", route.seq_len},
-                               {"path", to_string(route.path)},
+                               {"path", route.is_split() ? "dense+sparse" : to_string(route.path)},
+                               {"dense_q_len", route.dense_q_len},
                                {"is_decode", route.is_decode},
                                {"dense_exact", route.dense_exact},
                                {"dense_flops", route.dense_flops},
-                               {"sparse_flops", route.sparse_flops}});
+                               {"sparse_flops", route.sparse_flops},
+                               {"split_dense_flops", route.split_dense_flops},
+                               {"split_sparse_flops", route.split_sparse_flops}});
   }
   Json dense_json = Json::array();
   for (const DenseRequest& d : dense_requests)

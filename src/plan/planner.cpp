@@ -55,7 +55,7 @@ void check_options(const PlanOptions& o) {
   if (o.topk > kMaxTopk) fail("topk ", o.topk, " exceeds the limit of ", kMaxTopk, " columns");
   if (o.decode_threshold < 1) fail("decode_threshold ", o.decode_threshold, " < 1");
   if (o.policy != RoutingPolicy::per_request && o.policy != RoutingPolicy::per_batch &&
-      o.policy != RoutingPolicy::force_sparse)
+      o.policy != RoutingPolicy::force_sparse && o.policy != RoutingPolicy::split_at_topk)
     fail("unknown routing policy ", static_cast<int>(o.policy));
   if (!(o.dense_cost_factor > 0) || !std::isfinite(o.dense_cost_factor))
     fail("dense_cost_factor ", o.dense_cost_factor, " is not a finite value > 0");
@@ -206,6 +206,10 @@ RequestRoute describe_request(std::int32_t q_len, std::int32_t seq_len, const Pl
   route.dense_exact = seq_len <= o.topk;
   route.dense_flops = dense_path_flops(route.ctx_len, q_len);
   route.sparse_flops = sparse_path_flops(route.ctx_len, q_len, o.topk);
+  if (route.ctx_len < o.topk && seq_len > o.topk) {
+    route.split_dense_flops = dense_path_flops(route.ctx_len, o.topk - route.ctx_len);
+    route.split_sparse_flops = sparse_path_flops(o.topk, seq_len - o.topk, o.topk);
+  }
   return route;
 }
 
@@ -226,15 +230,21 @@ std::vector<RequestRoute> route_requests(const BatchDesc& b, const PlanOptions& 
     } else if (!is_prefill(route)) {
       route.path = TokenPath::sparse;  // zero-length query: no rows on any path
     } else {
-      bool dense = false;
+      bool dense = false, split = false;
       switch (o.policy) {
         case RoutingPolicy::per_request:
+        case RoutingPolicy::split_at_topk:
           dense = route.dense_exact && o.dense_cost_factor * route.dense_flops < route.sparse_flops;
+          // Tokens at positions below topk select every earlier position, so
+          // the dense path is exact for them whatever the request's length.
+          split = o.policy == RoutingPolicy::split_at_topk && route.split_dense_flops > 0 &&
+                  o.dense_cost_factor * route.split_dense_flops + route.split_sparse_flops < route.sparse_flops;
           break;
         case RoutingPolicy::per_batch: dense = every_prefill_exact; break;
         case RoutingPolicy::force_sparse: dense = false; break;
       }
       route.path = dense ? TokenPath::dense : TokenPath::sparse;
+      route.dense_q_len = dense ? route.q_len : split ? o.topk - route.ctx_len : 0;
     }
   }
   return routes;
@@ -284,22 +294,24 @@ void assign_rows(Plan& plan, const BatchDesc& b) {
     const RequestRoute& route = plan.routes[r];
     const std::int32_t q_start = b.query_start_loc[r];
     for (std::int32_t i = 0; i < route.q_len; ++i) {
-      plan.token_path[q_start + i] = route.path;
+      plan.token_path[q_start + i] = i < route.dense_q_len ? TokenPath::dense : route.path;
       plan.token_request[q_start + i] = r;
       plan.token_position[q_start + i] = route.ctx_len + i;
     }
     if (route.is_decode) plan.decode_requests.push_back(r);
-    if (route.q_len > 0 && route.path == TokenPath::dense) {
+    if (route.dense_q_len > 0) {
+      // A split request's dense part ends at position topk: its own seq_len.
+      const std::int32_t seq_len = route.ctx_len + route.dense_q_len;
       plan.dense_requests.push_back({.request = r,
                                      .q_start = q_start,
-                                     .q_len = route.q_len,
+                                     .q_len = route.dense_q_len,
                                      .ctx_len = route.ctx_len,
-                                     .seq_len = route.seq_len,
+                                     .seq_len = seq_len,
                                      .kv_row_start = plan.dense_kv_rows});
-      plan.dense_kv_rows += route.seq_len;
-      plan.dense_query_rows += route.q_len;
-      plan.max_dense_seq_len = std::max(plan.max_dense_seq_len, route.seq_len);
-      plan.max_dense_q_len = std::max(plan.max_dense_q_len, route.q_len);
+      plan.dense_kv_rows += seq_len;
+      plan.dense_query_rows += route.dense_q_len;
+      plan.max_dense_seq_len = std::max(plan.max_dense_seq_len, seq_len);
+      plan.max_dense_q_len = std::max(plan.max_dense_q_len, route.dense_q_len);
     }
   }
   for (std::int32_t t = 0; t < T; ++t)

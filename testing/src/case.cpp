@@ -439,7 +439,7 @@ Case case_from_file(const io::File& f) {
     try {
       c.policy = parse_routing_policy(it->second);
     } catch (const Error&) {
-      throw Error(meta_error(kMetaPolicy, it->second, "is not a policy (per_request, per_batch, force_sparse)"));
+      throw Error(meta_error(kMetaPolicy, it->second, "is not a policy (per_request, per_batch, force_sparse, split_at_topk)"));
     }
   }
   c.decode_threshold = meta_int(meta, kMetaDecodeThreshold, 1, 1, kIntMax);

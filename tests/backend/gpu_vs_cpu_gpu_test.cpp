@@ -368,13 +368,18 @@ TEST_P(GpuVsCpuPolicy, SameResults) {
   SyntheticSpec spec = make_spec(kCaches[1], 32, 64, 128);
   apply_named_batch(name, spec);
   spec.policy = policy;
-  expect_matches_cpu(make_synthetic_case(spec), name + " " + std::string(to_string(policy)));
+  const test::ForwardResult got =
+      expect_matches_cpu(make_synthetic_case(spec), name + " " + std::string(to_string(policy)));
+  // Both 256-token prompts cross topk 128: their first 128 rows dense, the rest sparse.
+  if (policy == RoutingPolicy::split_at_topk && name == "large_q_pure_prefill")
+    EXPECT_EQ(got.plan.dense_query_rows, 2 * 128);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, GpuVsCpuPolicy,
                          ::testing::Combine(::testing::Values("mixed_small", "small_prefill", "large_q_pure_prefill"),
                                             ::testing::Values(RoutingPolicy::per_request, RoutingPolicy::per_batch,
-                                                              RoutingPolicy::force_sparse)),
+                                                              RoutingPolicy::force_sparse,
+                                                              RoutingPolicy::split_at_topk)),
                          [](const ::testing::TestParamInfo<PolicyParam>& info) {
                            return std::get<0>(info.param) + "_" + std::string(to_string(std::get<1>(info.param)));
                          });

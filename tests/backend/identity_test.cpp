@@ -1,7 +1,9 @@
 // The identity at the heart of DESIGN §2: when a request's top-k set is all of
 // 0..pos (seq_len <= topk, causal_full indices), the dense MHA path and the
 // sparse absorbed path compute the same function. The same batch runs once with
-// a dense routing (per_request or per_batch) and once with force_sparse.
+// a dense routing (per_request or per_batch) and once with force_sparse; a batch
+// of prompts longer than topk runs once cut at topk (split_at_topk: the rows at
+// positions below topk dense) and once with force_sparse.
 //
 // One thing makes the paths differ on purpose, and the test removes it: the dense
 // path reads the new tokens from the fresh bf16 inputs, the sparse path reads them
@@ -12,7 +14,10 @@
 // with the other path's float64 result, so the tolerance budget is not spent twice.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dsmla/testing/case.hpp"
 #include "support/test_support.hpp"
@@ -34,17 +39,18 @@ struct IdentityParam {
 
 class IdentityTest : public ::testing::TestWithParam<IdentityParam> {
  protected:
-  static Case make_case(const CacheVariant& cache) {
+  // Pure prefills (dense under both policies), one ending on the topk edge and on a
+  // block edge; a chunk over a cached prefix (dense under per_batch only); a decode.
+  static Case make_case(const CacheVariant& cache, std::vector<int> seq_lens = {128, 77, 100, 33},
+                        std::vector<int> query_lens = {128, 77, 40, 1}) {
     SyntheticSpec spec;
     cache.apply(spec);
     spec.topk = 128;
     spec.block_size = 32;
     spec.num_heads = test::scaled(32, 16);
     spec.topk_fill = TopkFill::causal_full;
-    // Pure prefills (dense under both policies), one ending on the topk edge and on a
-    // block edge; a chunk over a cached prefix (dense under per_batch only); a decode.
-    spec.seq_lens = {128, 77, 100, 33};
-    spec.query_lens = {128, 77, 40, 1};
+    spec.seq_lens = std::move(seq_lens);
+    spec.query_lens = std::move(query_lens);
     spec.seed = 21;
     Case c = make_synthetic_case(spec);
     test::make_new_tokens_cache_exact(c);
@@ -60,14 +66,18 @@ void expect_close(const ForwardResult& want, const ForwardResult& got, Tolerance
 
 TEST_P(IdentityTest, DenseEqualsSparseWithFullTopk) {
   const IdentityParam& param = GetParam();
-  const Case c = make_case(param.cache);
+  // split_at_topk: a 200-token prompt (cut: 128 dense, 72 sparse), a 290-token
+  // chunk over 10 cached positions (cut: 118 dense), a short prompt (dense), a decode.
+  const bool split = param.dense_policy == RoutingPolicy::split_at_topk;
+  const Case c = split ? make_case(param.cache, {200, 300, 77, 33}, {200, 290, 77, 1}) : make_case(param.cache);
   const int H = c.num_heads;
   auto run = [&](RoutingPolicy policy, CpuPrecision precision) {
     return test::run_cpu_forward(c, {.precision = precision, .policy = policy});
   };
   const ForwardResult dense64 = run(param.dense_policy, CpuPrecision::float64);
   const ForwardResult dense32 = run(param.dense_policy, CpuPrecision::float32);
-  ASSERT_EQ(dense64.plan.dense_requests.size(), param.dense_policy == RoutingPolicy::per_batch ? 3u : 2u);
+  const std::int64_t dense_rows = split ? 128 + 118 + 77 : param.dense_policy == RoutingPolicy::per_batch ? 245 : 205;
+  ASSERT_EQ(dense64.plan.dense_query_rows, dense_rows);
 
   const ForwardResult sparse64 = run(RoutingPolicy::force_sparse, CpuPrecision::float64);
   const ForwardResult sparse32 = run(RoutingPolicy::force_sparse, CpuPrecision::float32);
@@ -85,7 +95,7 @@ TEST_P(IdentityTest, DenseEqualsSparseWithFullTopk) {
 std::vector<IdentityParam> identity_params() {
   std::vector<IdentityParam> params;
   for (const CacheVariant& cache : test::cache_variants())
-    for (RoutingPolicy policy : {RoutingPolicy::per_request, RoutingPolicy::per_batch})
+    for (RoutingPolicy policy : {RoutingPolicy::per_request, RoutingPolicy::per_batch, RoutingPolicy::split_at_topk})
       params.push_back({cache, policy});
   return params;
 }

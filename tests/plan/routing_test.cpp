@@ -187,6 +187,89 @@ TEST(Routing, ShortAndLongPromptsPerRequestVersusPerBatch) {
   EXPECT_TRUE(per_batch.dense_requests.empty());
 }
 
+// ---------------------------------------------------------------- split_at_topk
+
+TEST(Routing, SplitAtTopkCutsAPromptCrossingTopk) {
+  // Requests: a short prompt (dense), a 4096-token prompt in one step (cut at
+  // 2048), a 3000-token chunk over 1000 cached positions (cut at 2048: 1048
+  // dense), a chunk entirely past topk (no cut possible) and a decode.
+  const auto b = make_test_batch({64, 4096, 4000, 3000, 5000}, {64, 4096, 3000, 500, 1});
+  const Plan plan = make_plan(b.desc(), options(2048, RoutingPolicy::split_at_topk));
+  EXPECT_EQ(plan.routes[0].path, TokenPath::dense);
+  EXPECT_FALSE(plan.routes[0].is_split());
+  EXPECT_EQ(plan.routes[0].dense_q_len, 64);
+  EXPECT_TRUE(plan.routes[1].is_split());
+  EXPECT_EQ(plan.routes[1].dense_q_len, 2048);
+  EXPECT_TRUE(plan.routes[2].is_split());
+  EXPECT_EQ(plan.routes[2].dense_q_len, 1048);
+  EXPECT_FALSE(plan.routes[3].is_split());
+  EXPECT_EQ(plan.routes[3].path, TokenPath::sparse);
+  EXPECT_EQ(plan.routes[3].split_dense_flops, 0.0);
+  EXPECT_EQ(plan.routes[4].path, TokenPath::decode);
+
+  // The cut's two parts price exactly the tokens on each side of position topk.
+  const RequestRoute& r2 = plan.routes[2];
+  EXPECT_EQ(r2.split_dense_flops, dense_path_flops(1000, 1048));
+  EXPECT_EQ(r2.split_sparse_flops, sparse_path_flops(2048, 1952, 2048));
+  EXPECT_EQ(r2.flops(), r2.split_dense_flops + r2.split_sparse_flops);
+  EXPECT_LT(r2.flops(), r2.sparse_flops);
+
+  // Dense requests: the short prompt whole, then each cut request's rows below
+  // topk, with seq_len topk and its K/V rows after the previous one's.
+  ASSERT_EQ(plan.dense_requests.size(), 3u);
+  const DenseRequest& d1 = plan.dense_requests[1];
+  EXPECT_EQ(d1.request, 1);
+  EXPECT_EQ(d1.q_start, 64);
+  EXPECT_EQ(d1.q_len, 2048);
+  EXPECT_EQ(d1.ctx_len, 0);
+  EXPECT_EQ(d1.seq_len, 2048);
+  EXPECT_EQ(d1.kv_row_start, 64);
+  const DenseRequest& d2 = plan.dense_requests[2];
+  EXPECT_EQ(d2.request, 2);
+  EXPECT_EQ(d2.q_start, 64 + 4096);
+  EXPECT_EQ(d2.q_len, 1048);
+  EXPECT_EQ(d2.ctx_len, 1000);
+  EXPECT_EQ(d2.seq_len, 2048);
+  EXPECT_EQ(d2.kv_row_start, 64 + 2048);
+  EXPECT_EQ(plan.dense_kv_rows, 64 + 2048 + 2048);
+  EXPECT_EQ(plan.dense_query_rows, 64 + 2048 + 1048);
+  EXPECT_EQ(plan.max_dense_seq_len, 2048);
+  EXPECT_EQ(plan.max_dense_q_len, 2048);
+
+  // Every row on the side of topk its position says; the sparse set holds the rest.
+  for (std::int32_t t = 0; t < b.desc().num_tokens; ++t) {
+    const RequestRoute& route = plan.routes[plan.token_request[t]];
+    const bool dense = route.path == TokenPath::dense || (route.is_split() && plan.token_position[t] < 2048);
+    EXPECT_EQ(plan.token_path[t] == TokenPath::dense, dense) << "token " << t;
+  }
+  const std::size_t sparse_rows = (4096 - 2048) + (3000 - 1048) + 500 + 1;
+  ASSERT_EQ(plan.sparse_tokens.size(), sparse_rows);
+  EXPECT_EQ(plan.sparse_tokens.front(), 64 + 2048);
+  EXPECT_EQ(plan.token_position[plan.sparse_tokens.front()], 2048);
+
+  // per_request keeps both long prompts whole on the sparse path.
+  const Plan per_request = make_plan(b.desc(), options(2048, RoutingPolicy::per_request));
+  for (const RequestRoute& route : per_request.routes) EXPECT_FALSE(route.is_split());
+  EXPECT_EQ(per_request.dense_requests.size(), 1u);
+  EXPECT_EQ(per_request.sparse_tokens.size(), 4096u + 3000u + 500u + 1u);
+}
+
+TEST(Routing, SplitAtTopkFollowsTheCostModel) {
+  // One new token below topk would pay the up-projection of all 2048
+  // positions for a single row: the cut is dearer than sparse and not made.
+  const auto b = make_test_batch({2100}, {53});
+  const Plan plan = make_plan(b.desc(), options(2048, RoutingPolicy::split_at_topk));
+  EXPECT_FALSE(plan.routes[0].is_split());
+  EXPECT_GT(plan.routes[0].split_dense_flops + plan.routes[0].split_sparse_flops, plan.routes[0].sparse_flops);
+  EXPECT_TRUE(plan.dense_requests.empty());
+  // A dense side priced far higher (the calibrated factor) keeps a cut prompt whole too.
+  PlanOptions o = options(2048, RoutingPolicy::split_at_topk);
+  const auto whole = make_test_batch({4096}, {4096});
+  EXPECT_TRUE(make_plan(whole.desc(), o).routes[0].is_split());
+  o.dense_cost_factor = 10.0;
+  EXPECT_FALSE(make_plan(whole.desc(), o).routes[0].is_split());
+}
+
 TEST(Routing, ForceSparseRoutesEverythingSparse) {
   const auto b = make_test_batch({64, 32, 40}, {64, 1, 8});
   const Plan plan = make_plan(b.desc(), options(2048, RoutingPolicy::force_sparse));

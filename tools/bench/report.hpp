@@ -90,6 +90,7 @@ struct MixedRow {
   std::int64_t tokens = 0;
   int dense_requests = 0, sparse_requests = 0;  // as planned per_request
   double forward_ms = 0, overlap_ms = 0, dense_alone_ms = 0, sparse_alone_ms = 0;
+  double split_ms = 0;  // the forward planned split_at_topk (the 4096-token prompt cut at topk)
   std::string error;
   bool ok() const { return error.empty(); }
 };

@@ -668,6 +668,8 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
       routed_dense = rig.routed_dense();
     }
     row.overlap_ms = ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, {.overlap = true}).eager_ms(options);
+    row.split_ms =
+        ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, {.policy = RoutingPolicy::split_at_topk}).eager_ms(options);
     // The requests split as the planner routed them.
     std::vector<std::int32_t> dense_seq, dense_q, sparse_seq, sparse_q;
     for (std::size_t r = 0; r < m.seq_lens.size(); ++r) {
@@ -679,8 +681,8 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
     if (dense_seq.empty() || sparse_seq.empty()) throw Error("the planner did not route both paths");
     row.dense_alone_ms = ForwardRig(dense_seq, dense_q, m.heads, m.cache).eager_ms(options);
     row.sparse_alone_ms = ForwardRig(sparse_seq, sparse_q, m.heads, m.cache).eager_ms(options);
-    progress("  forward %.3f ms, overlap %.3f ms, dense alone %.3f ms, sparse alone %.3f ms", row.forward_ms,
-             row.overlap_ms, row.dense_alone_ms, row.sparse_alone_ms);
+    progress("  forward %.3f ms, overlap %.3f ms, split_at_topk %.3f ms, dense alone %.3f ms, sparse alone %.3f ms",
+             row.forward_ms, row.overlap_ms, row.split_ms, row.dense_alone_ms, row.sparse_alone_ms);
   } catch (const std::exception& e) {
     row.error = e.what();
     progress("  error: %s", e.what());
