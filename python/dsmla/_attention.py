@@ -36,7 +36,7 @@ class Attention:
     """One layer's DeepSeek-V3.2 attention forward (DESIGN §2), plan once, run many.
 
     backend: "cpu", "cuda" or "auto" (cuda when a GPU is usable).
-    policy: "per_request", "per_batch" or "force_sparse" (docs/api.md, Routing).
+    policy: "per_request", "per_batch", "force_sparse" or "split_at_topk" (docs/api.md, Routing).
     dense_cost_factor: multiplies the dense side of the cost model (None: 1.0).
     cost_factors: instead, the path of a `dsmla bench --calibrate` file (the
     factor measured for the nearest head count).
