@@ -96,9 +96,8 @@ enum class SparseConsumers {
 // DSMLA_SPARSE_KEY_ROWS in the environment (read by the launcher,
 // src/cuda/sparse_mla/head_rows.cu) overrides it at 16 and 32 heads: 0 heads
 // as rows, 1 keys split, 2 keys split at 16 and heads split at 32
-// (key_rows_consumer.cuh), 3 roles (keys as rows, both warpgroups on every
-// block: warpgroup 0 S^T, the softmax and P V over dims 0-255, warpgroup 1
-// P V over dims 256-511; key_rows_roles_consumer.cuh).
+// (key_rows_consumer.cuh). (3, roles, was removed in session 50:
+// sparse_mla/NOTES.md.)
 SparseConsumers plan_sparse_consumers(CacheFormat format, int num_heads);
 
 }  // namespace dsmla

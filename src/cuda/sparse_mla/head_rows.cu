@@ -35,10 +35,10 @@ bool unpaired_head_roles() {
 // Which consumers run `num_heads` heads over a `format` cache: the host rule
 // (plan_sparse_consumers) unless DSMLA_SPARSE_KEY_ROWS says otherwise at 16
 // and 32 heads: 0 heads as rows, 1 keys split, 2 keys split at 16 heads and
-// heads split at 32 (key_rows_consumer.cuh), 3 roles.
-enum class Consumers { head_rows, key_rows, key_rows_head_halves, key_rows_roles };
+// heads split at 32 (key_rows_consumer.cuh).
+enum class Consumers { head_rows, key_rows, key_rows_head_halves };
 Consumers consumers_for(CacheFormat format, int num_heads) {
-  static const int setting = dsmla::detail::env_choice("DSMLA_SPARSE_KEY_ROWS", {"0", "1", "2", "3"});
+  static const int setting = dsmla::detail::env_choice("DSMLA_SPARSE_KEY_ROWS", {"0", "1", "2"});
   if (setting == -1) {
     switch (plan_sparse_consumers(format, num_heads)) {
       case SparseConsumers::keys_split: return Consumers::key_rows;
@@ -46,7 +46,6 @@ Consumers consumers_for(CacheFormat format, int num_heads) {
     }
   }
   if (setting == 0 || (num_heads != 16 && num_heads != 32)) return Consumers::head_rows;
-  if (setting == 3) return Consumers::key_rows_roles;
   return setting == 2 && num_heads == 32 ? Consumers::key_rows_head_halves : Consumers::key_rows;
 }
 
@@ -172,9 +171,6 @@ LaneLaunch launch_format(const KernelArgs& args, std::int64_t items, cudaStream_
       if (args.p.num_heads == 16) return launch<F, false, 16>(args, items, stream);
       return launch<F, false, 32>(args, items, stream);
     case Consumers::key_rows_head_halves: return launch<F, false, 32, true>(args, items, stream);
-    case Consumers::key_rows_roles:
-      if (args.p.num_heads == 16) return launch<F, false, 16, false, true>(args, items, stream);
-      return launch<F, false, 32, false, true>(args, items, stream);
     case Consumers::head_rows: break;
   }
   if constexpr (F != CacheFormat::bf16) {

@@ -9,7 +9,6 @@
 #include "cuda/sparse_mla/head_rows_producer.cuh"
 #include "cuda/sparse_mla/head_rows_roles_consumer.cuh"
 #include "cuda/sparse_mla/key_rows_consumer.cuh"
-#include "cuda/sparse_mla/key_rows_roles_consumer.cuh"
 
 namespace dsmla::cuda::sparse_mla_detail::head_rows {
 
@@ -26,9 +25,9 @@ __device__ __forceinline__ void sync_all() {
 // heads (key_rows_consumer.cuh), with the same producer; 0: heads as rows.
 // kHeadHalves: those consumers split the CTA's 32 heads between the
 // warpgroups instead of the keys (key_rows_consumer.cuh, "heads split");
-// kRoles: by roles (key_rows_roles_consumer.cuh), or with heads as rows the
-// paired kernel's roles unpaired (head_rows_roles_consumer.cuh; fp8 caches:
-// warpgroup 1 only does P V, which leaves the producer 112 registers).
+// kRoles (heads as rows): the paired kernel's roles unpaired
+// (head_rows_roles_consumer.cuh; fp8 caches: warpgroup 1 only does P V, which
+// leaves the producer 112 registers).
 // kBlockLoop (unpaired heads-as-rows roles): the producer's loop over blocks
 // (head_rows_producer.cuh), for items of few blocks.
 // kOut (heads-as-rows roles): what the items write, ItemOutputs (kernel_args.hpp).
@@ -38,9 +37,9 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
   constexpr bool kFp8 = F != CacheFormat::bf16;
   constexpr bool kKeyRows = kKeyRowHeads > 0;
   static_assert(kKeyRows || !kHeadHalves, "heads split is a mode of the keys-as-rows consumers");
-  static_assert(kKeyRows || !kRoles || kFp8, "heads-as-rows roles: fp8 caches (the paired kernel's consumers)");
+  static_assert(!kRoles || (kFp8 && !kKeyRows), "heads-as-rows roles: fp8 caches (the paired kernel's consumers)");
   // The heads-as-rows roles consumers: always paired, and unpaired by request.
-  constexpr bool kHeadRoles = !kKeyRows && (kPaired || kRoles);
+  constexpr bool kHeadRoles = kPaired || kRoles;
   static_assert(kFp8 || !kPaired, "bf16 gathers are not paired");
   static_assert(!(kPaired && kKeyRows), "the keys-as-rows kernel has one head block: never paired");
   static_assert(!kBlockLoop || (kHeadRoles && !kPaired), "the block loop: unpaired heads-as-rows roles only");
@@ -65,16 +64,13 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       for (int h = 0; h < 2; ++h) {
         pl::init(bars.full(b, h), KeyGather<F, kPaired>::full_arrivals(h));
         // Paired: the roles' readers, and one more arrival per warp of the peer's.
-        const int readers = kKeyRows && kRoles ? key_rows_roles_empty_arrivals(h)
-                            : kKeyRows           ? key_rows_empty_arrivals(kHeadHalves)
-                            : kHeadRoles         ? roles_empty_arrivals(h)
-                                                 : empty_arrivals(b, h);
+        const int readers = kKeyRows     ? key_rows_empty_arrivals(kHeadHalves)
+                            : kHeadRoles ? roles_empty_arrivals(h)
+                                         : empty_arrivals(b, h);
         pl::init(bars.empty(b, h), readers + (kPaired ? readers / 32 : 0));
       }
     for (int b = 0; b < 2; ++b) pl::init(bars.valid(b), 128 / KeyGather<F, kPaired>::kThreadsPerRow);  // a thread per row
-    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // paired, key-rows roles: p_ready(buffer w); key rows: the merge
-    pl::init(bars.sums_ready(), 128);
-    pl::init(bars.sums_read(), 128);
+    for (int w = 0; w < 2; ++w) pl::init(bars.max_ready(w), 128);  // roles: p_ready(buffer w); key rows: the merge
     pl::fence_init();
   }
   // Paired, the peer arrives on these barriers and writes this tile: both
@@ -91,10 +87,6 @@ __global__ void __launch_bounds__(kThreads, 1) head_rows_kernel(const __grid_con
       peer.bars = pl::peer_pointer(bars.base, 1 - peer.rank);
     }
     produce<F, kPaired, kKeyRows ? kKeyRowHeads : kRows, kHeadRoles, kBlockLoop>(args, bars, smem, peer);
-  } else if constexpr (kKeyRows && kRoles) {
-    pl::grow_registers<kConsumerRegs<kFp8>>();
-    if (wg == 0) KeyRowsRolesConsumer<0, kKeyRowHeads>(bars, smem).run(args);
-    else KeyRowsRolesConsumer<1, kKeyRowHeads>(bars, smem).run(args);
   } else if constexpr (kKeyRows) {
     pl::grow_registers<kConsumerRegs<kFp8>>();
     if (wg == 0) KeyRowsConsumer<0, kKeyRowHeads, kHeadHalves>(bars, smem).run(args);

@@ -1,8 +1,8 @@
 // Shapes, shared-memory plan and barrier roles of the warp-specialised
 // heads-as-rows sparse MLA kernel (head_rows_kernel.cuh), the kernel of every
-// cache format and head count (16 and 32 heads may run keys-as-rows
-// consumers instead, key_rows_consumer.cuh and key_rows_roles_consumer.cuh, on
-// the same producer and smem plan: plan_sparse_consumers).
+// cache format and head count (16 and 32 heads may run the keys-as-rows
+// consumers instead, key_rows_consumer.cuh, on the same producer and smem
+// plan: plan_sparse_consumers).
 //
 // Work split: a persistent grid; a CTA takes work items (token, 64 heads, a
 // range of the top-k positions) in one of three schedules (head_rows_work.cuh:
@@ -99,8 +99,8 @@ inline constexpr int kSmemP1 = kSmemK + 2 * kTileBytes;
 inline constexpr int kSmemMax = kSmemP1 + kBlockBytes;  // float [2][64]: published row maxima
 inline constexpr int kSmemSum = kSmemMax + 2 * kRows * 4;  // float [2 items][2][64]: row sums per warpgroup
 inline constexpr int kSmemValid = kSmemSum + 4 * kRows * 4;  // uint8 [2][64]: key of buffer b is valid
-inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], max_ready[2], sums_ready, sums_read
-inline constexpr int kNumBars = 16;
+inline constexpr int kSmemBars = kSmemValid + 2 * kBlockKeys;  // q_full, q_empty, full[2][2], empty[2][2], valid[2], max_ready[2]
+inline constexpr int kNumBars = 14;
 inline constexpr int kSmemUsed = kSmemBars + kNumBars * 8;
 inline constexpr int kSmemAlign = 1024;
 inline constexpr int kSmemBytes = kSmemUsed + kSmemAlign;

@@ -197,10 +197,6 @@ struct Barriers {
   __device__ pl::Mbarrier* valid(int buffer) const { return base + 10 + buffer; }
   // Consumer warpgroup w has published its row maxima of the round (128 arrivals).
   __device__ pl::Mbarrier* max_ready(int wg) const { return base + 12 + wg; }
-  // Keys-as-rows roles (key_rows_roles_consumer.cuh): an item's sums handed
-  // from warpgroup 0 to 1, and read (128 arrivals each).
-  __device__ pl::Mbarrier* sums_ready() const { return base + 14; }
-  __device__ pl::Mbarrier* sums_read() const { return base + 15; }
 };
 
 // Traced builds (DSMLA_TRACE, cuda/common/trace.cuh): what the slots of a

@@ -1,5 +1,5 @@
-// What the two keys-as-rows consumers (key_rows_consumer.cuh: keys split or
-// heads split; key_rows_roles_consumer.cuh: roles) share: a warpgroup's
+// What the keys-as-rows consumers (key_rows_consumer.cuh: keys split or heads
+// split) share: a warpgroup's
 // threads over a 64 x kN accumulator (the 64 keys of a block as rows, kN
 // heads as columns), the column softmax of one block, P^T's store, the
 // products O^T += V^T P^T, and the pieces of the epilogue.
