@@ -1,6 +1,6 @@
-// `dsmla demo`: one DeepSeek-V3.2-shaped batch run twice, all-sparse and with
-// the per-request dense fast path, to show what the routing buys and that it
-// does not change the result.
+// `dsmla demo`: one DeepSeek-V3.2-shaped batch run all-sparse, with the
+// per-request dense fast path and with prompts cut at topk, to show what the
+// routing buys and that it does not change the result.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,12 +20,13 @@ const char* const kHelp = R"(usage: dsmla demo [--backend auto|cpu|cuda] [--head
 
 Builds a DeepSeek-V3.2-shaped batch (top-k 2048, bf16 cache, block 64):
 decodes over ~3000-token contexts, three short prompts below top-k, a
-16-token chunk over a 2000-token context and the last 256-token chunk of a
-long prompt above top-k. Runs it with
-policy force_sparse (everything on the sparse MLA kernel) and per_request
-(short prefills on the dense MHA path when exact and cheaper), and prints the
-tokens on each path, the time of each run and the largest difference between
-the two runs on the rows the dense path took.
+16-token chunk over a 2000-token context and a 512-token chunk of a long
+prompt that crosses top-k (positions 1792-2303). Runs it with policy
+force_sparse (everything on the sparse MLA kernel), per_request (short
+prefills on the dense MHA path when exact and cheaper) and split_at_topk
+(per_request, and the crossing chunk's tokens below top-k dense too), and
+prints the tokens on each path, the time of each run and the largest
+difference from the all-sparse run on the rows the dense path took.
 
 options:
   --backend NAME   auto (default: cuda when a GPU is usable, else cpu) | cpu | cuda
@@ -45,7 +46,7 @@ const std::vector<DemoRequest>& demo_requests() {
       {"decode", 2999, 1},        {"decode", 3071, 1},         {"decode", 3199, 1}, {"decode", 3299, 1},
       {"short prompt", 0, 300},   {"short prompt", 0, 450},    {"short prompt", 0, 600},
       {"chunk over long context", 2000, 16},
-      {"long prompt, last chunk", 2048, 256},
+      {"long prompt, chunk across topk", 1792, 512},
   };
   return requests;
 }
@@ -117,7 +118,7 @@ int demo_main(int argc, char** argv) {
     std::vector<RequestRoute> routes;
   };
   std::vector<PolicyRun> runs;
-  for (RoutingPolicy policy : {RoutingPolicy::force_sparse, RoutingPolicy::per_request}) {
+  for (RoutingPolicy policy : {RoutingPolicy::force_sparse, RoutingPolicy::per_request, RoutingPolicy::split_at_topk}) {
     PlanOptions options = c.plan_options();
     options.policy = policy;
     CaseRunner runner(c, backend, options, CpuPrecision::float32, threads);
@@ -130,39 +131,45 @@ int demo_main(int argc, char** argv) {
   }
   const PolicyRun& sparse = runs[0];
   const PolicyRun& routed = runs[1];
+  const PolicyRun& split = runs[2];
+  const auto path_name = [](const RequestRoute& route) {
+    return route.is_split() ? std::string("dense+sparse") : std::string(to_string(route.path));
+  };
 
-  std::printf("\nbatch (%d tokens), per_request routing with the cost model (GFLOP, all heads):\n", c.num_tokens);
-  std::printf("  %-3s %-24s %7s %5s %7s  %-11s %12s %12s   %s\n", "req", "kind", "context", "new", "seq_len",
-              "dense exact", "dense GFLOP", "sparse GFLOP", "path");
+  std::printf("\nbatch (%d tokens), routing with the cost model (GFLOP, all heads):\n", c.num_tokens);
+  std::printf("  %-3s %-30s %7s %5s %7s  %-11s %12s %12s   %-12s %s\n", "req", "kind", "context", "new", "seq_len",
+              "dense exact", "dense GFLOP", "sparse GFLOP", "per_request", "split_at_topk");
   for (std::size_t r = 0; r < demo_requests().size(); ++r) {
     const RequestRoute& route = routed.routes[r];
-    std::printf("  %-3zu %-24s %7d %5d %7d  %-11s %12.2f %12.2f   %s\n", r, demo_requests()[r].kind, route.ctx_len,
-                route.q_len, route.seq_len, route.dense_exact ? "yes" : "no",
+    std::printf("  %-3zu %-30s %7d %5d %7d  %-11s %12.2f %12.2f   %-12s %s\n", r, demo_requests()[r].kind,
+                route.ctx_len, route.q_len, route.seq_len, route.dense_exact ? "yes" : "no",
                 route.dense_flops * spec.num_heads * 1e-9, route.sparse_flops * spec.num_heads * 1e-9,
-                std::string(to_string(route.path)).c_str());
+                path_name(route).c_str(), path_name(split.routes[r]).c_str());
   }
-  std::printf("  (dense exact: seq_len <= topk; a prefill goes dense when exact and cheaper; decodes always sparse)\n");
+  std::printf("  (dense exact: seq_len <= topk; a prefill goes dense when exact and cheaper; decodes always sparse;\n"
+              "   split_at_topk also runs a prefill's tokens below topk dense, exact for them at any length)\n");
 
-  std::printf("\n  %-13s %8s %8s %8s %12s\n", "policy", "decode", "sparse", "dense", "time ms");
+  std::printf("\n  %-13s %8s %8s %8s %12s %9s\n", "policy", "decode", "sparse", "dense", "time ms", "speedup");
   for (const PolicyRun& run : runs)
-    std::printf("  %-13s %8lld %8lld %8lld %12.3f\n", std::string(to_string(run.policy)).c_str(),
+    std::printf("  %-13s %8lld %8lld %8lld %12.3f %8.2fx\n", std::string(to_string(run.policy)).c_str(),
                 static_cast<long long>(run.paths.decode), static_cast<long long>(run.paths.sparse),
-                static_cast<long long>(run.paths.dense), run.result.median_ms);
-  if (routed.result.median_ms > 0)
-    std::printf("  speedup of per_request over force_sparse: %.2fx (%s)\n",
-                sparse.result.median_ms / routed.result.median_ms,
-                on_gpu ? "cuda, median of 10 runs" : "cpu, one run each");
+                static_cast<long long>(run.paths.dense), run.result.median_ms,
+                run.result.median_ms > 0 ? sparse.result.median_ms / run.result.median_ms : 0.0);
+  std::printf("  (speedup over force_sparse; %s)\n", on_gpu ? "cuda, median of 10 runs" : "cpu, one run each");
 
-  const auto dense_row = [&](int t) { return routed.token_path[static_cast<std::size_t>(t)] == TokenPath::dense; };
-  const RowDiff on_dense = diff_rows(routed.result, sparse.result, c.num_tokens, c.num_heads, dense_row);
-  const RowDiff elsewhere =
-      diff_rows(routed.result, sparse.result, c.num_tokens, c.num_heads, [&](int t) { return !dense_row(t); });
-  std::printf("\nper_request vs force_sparse on the %lld rows routed dense: max |out diff| %.3e, max |lse diff| %.3e\n",
-              static_cast<long long>(on_dense.rows), on_dense.out, on_dense.lse);
-  std::printf("on the other %lld rows (same kernel in both runs): max |out diff| %.3e, max |lse diff| %.3e\n",
-              static_cast<long long>(elsewhere.rows), elsewhere.out, elsewhere.lse);
-  std::printf("(both paths compute the same attention when seq_len <= topk; the differences come from\n"
-              " rounding intermediates to bf16 on different paths)\n");
+  std::printf("\nagainst force_sparse (both paths compute the same attention for a token whose top-k is all of\n"
+              "0..pos; the differences come from rounding intermediates to bf16 on different paths):\n");
+  for (const PolicyRun* run : {&routed, &split}) {
+    const auto dense_row = [&](int t) { return run->token_path[static_cast<std::size_t>(t)] == TokenPath::dense; };
+    const RowDiff on_dense = diff_rows(run->result, sparse.result, c.num_tokens, c.num_heads, dense_row);
+    const RowDiff elsewhere =
+        diff_rows(run->result, sparse.result, c.num_tokens, c.num_heads, [&](int t) { return !dense_row(t); });
+    std::printf("  %-13s on the %lld rows routed dense: max |out diff| %.3e, max |lse diff| %.3e\n",
+                std::string(to_string(run->policy)).c_str(), static_cast<long long>(on_dense.rows), on_dense.out,
+                on_dense.lse);
+    std::printf("  %-13s on the other %lld rows (same kernel): max |out diff| %.3e, max |lse diff| %.3e\n", "",
+                static_cast<long long>(elsewhere.rows), elsewhere.out, elsewhere.lse);
+  }
   return 0;
 }
 

@@ -267,10 +267,13 @@ TEST_F(CliTest, DemoRunsOnTheCpu) {
   const CliResult r = cli({"demo", "--backend", "cpu", "--heads", "16"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("backend: cpu"), std::string::npos) << r.describe();
-  // 4 decodes; per_request sends the three short prompts (1350 tokens) dense.
-  EXPECT_NE(r.out.find("force_sparse         4     1622        0"), std::string::npos) << r.describe();
-  EXPECT_NE(r.out.find("per_request          4      272     1350"), std::string::npos) << r.describe();
+  // 4 decodes; per_request sends the three short prompts (1350 tokens) dense, split_at_topk
+  // also the 256 tokens of the chunk across topk that sit below it.
+  EXPECT_NE(r.out.find("force_sparse         4     1878        0"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("per_request          4      528     1350"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("split_at_topk        4      272     1606"), std::string::npos) << r.describe();
   EXPECT_NE(r.out.find("on the 1350 rows routed dense"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("on the 1606 rows routed dense"), std::string::npos) << r.describe();
 }
 
 // ------------------------------------------------------------ bad input files
