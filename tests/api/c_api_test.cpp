@@ -227,6 +227,13 @@ TEST(CApi, BadOptionsAndBackends) {
   EXPECT_EQ(dsmla_create(DSMLA_BACKEND_CPU, &o, &h), DSMLA_ERR_INVALID_ARGUMENT);
   EXPECT_NE(last_error().find("options.policy -1"), std::string::npos) << last_error();
   EXPECT_EQ(h, nullptr);
+  o.policy = DSMLA_POLICY_SPLIT_AT_TOPK + 1;
+  EXPECT_EQ(dsmla_create(DSMLA_BACKEND_CPU, &o, &h), DSMLA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("options.policy 4"), std::string::npos) << last_error();
+  o.policy = DSMLA_POLICY_SPLIT_AT_TOPK;  // the last policy is accepted
+  ASSERT_EQ(dsmla_create(DSMLA_BACKEND_CPU, &o, &h), DSMLA_OK) << last_error();
+  dsmla_destroy(h);
+  h = nullptr;
   // (A backend value outside the enum is rejected too, but C++ cannot pass one
   // without undefined behaviour: only C callers can.)
 
