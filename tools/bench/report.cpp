@@ -333,6 +333,18 @@ json report_json(const Report& rep) {
     }
     j["mixed"].push_back(row);
   }
+  j["long_prompts"] = json::array();
+  for (const LongPromptRow& l : rep.long_prompts) {
+    json row = {{"heads", l.heads}, {"cache", std::string(to_string(l.cache))}, {"prompts", l.prompts},
+                {"seq_len", l.seq_len}};
+    if (l.ok()) {
+      row["per_request_ms"] = l.per_request_ms;
+      row["split_ms"] = l.split_ms;
+    } else {
+      row["error"] = l.error;
+    }
+    j["long_prompts"].push_back(row);
+  }
   if (!rep.indexer.empty()) j["indexer"] = indexer_json(rep);
   if (rep.graph) {
     const GraphRow& g = *rep.graph;
@@ -372,6 +384,24 @@ std::string mixed_markdown(const Report& rep) {
           fmt("%.2fx", m.split_ms / m.forward_ms) + " | " + fmt("%.3f", m.dense_alone_ms) +
           " | " + fmt("%.3f", m.sparse_alone_ms) + " | " + fmt("%.2fx", m.forward_ms / sum) + " | " +
           fmt("%.2fx", m.overlap_ms / sum) + " |\n";
+  }
+  return md + "\n";
+}
+
+// "| H | cache | prompts | per_request ms | split_at_topk ms | split / per_request |"
+std::string long_prompts_markdown(const Report& rep) {
+  if (rep.long_prompts.empty()) return "";
+  std::string md = "## Prompts longer than topk in one step\n\nThe forward of 4 prompts of 4096 tokens (16384 "
+                   "tokens, topk 2048) planned per_request (every token sparse) and split_at_topk (each prompt's "
+                   "first 2048 tokens dense, the rest sparse).\n\n"
+                   "| H | cache | prompts | per_request ms | split_at_topk ms | split / per_request |\n"
+                   "|---|---|---|---|---|---|\n";
+  for (const LongPromptRow& l : rep.long_prompts) {
+    md += "| " + std::to_string(l.heads) + " | " + std::string(to_string(l.cache)) + " | " +
+          std::to_string(l.prompts) + " x " + std::to_string(l.seq_len) + " | ";
+    md += l.ok() ? fmt("%.3f", l.per_request_ms) + " | " + fmt("%.3f", l.split_ms) + " | " +
+                       fmt("%.2fx", l.split_ms / l.per_request_ms) + " |\n"
+                 : "error: " + l.error + " | | |\n";
   }
   return md + "\n";
 }
@@ -629,6 +659,7 @@ std::string markdown(const Report& rep) {
     }
   }
   md += mixed_markdown(rep);
+  md += long_prompts_markdown(rep);
   md += graph_markdown(rep);
   md += indexer_markdown(rep);
   return md;
@@ -688,6 +719,15 @@ void print_table(const Report& rep) {
                 m.split_ms / m.forward_ms, m.dense_alone_ms, m.sparse_alone_ms,
                 m.forward_ms / (m.dense_alone_ms + m.sparse_alone_ms),
                 m.overlap_ms / (m.dense_alone_ms + m.sparse_alone_ms));
+  }
+  for (const LongPromptRow& l : rep.long_prompts) {
+    if (!l.ok()) {
+      std::printf("long prompts H %d: ERROR: %s\n", l.heads, l.error.c_str());
+      continue;
+    }
+    std::printf("long prompts H %d %s, %d x %d: per_request %.3f ms, split_at_topk %.3f ms (%.2fx)\n", l.heads,
+                std::string(to_string(l.cache)).c_str(), l.prompts, l.seq_len, l.per_request_ms, l.split_ms,
+                l.split_ms / l.per_request_ms);
   }
   if (rep.graph && rep.graph->ok())
     std::printf("decode graph batch %d H %d: eager %.4f ms, graph replay %.4f ms (%.3fx)\n", rep.graph->batch,

@@ -95,6 +95,16 @@ struct MixedRow {
   bool ok() const { return error.empty(); }
 };
 
+// Prompts longer than topk in one step (issue 7's S 4096 prefill workload as a
+// forward): per_request runs them wholly sparse, split_at_topk cuts each at topk.
+struct LongPromptRow {
+  int heads = 0, prompts = 0, seq_len = 0;
+  CacheFormat cache = CacheFormat::fp8_ds_mla;
+  double per_request_ms = 0, split_ms = 0;
+  std::string error;
+  bool ok() const { return error.empty(); }
+};
+
 // One decode step run eagerly and replayed from a captured CUDA graph.
 struct GraphRow {
   int batch = 0, heads = 0;
@@ -151,6 +161,7 @@ struct Report {
   Ceilings ceilings;
   std::vector<Row> rows;
   std::vector<MixedRow> mixed;
+  std::vector<LongPromptRow> long_prompts;
   std::optional<GraphRow> graph;
   std::vector<IndexerResult> indexer;
   std::string same_run_source;  // --anchors: the file and what it names

@@ -690,6 +690,28 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
   return row;
 }
 
+// Four prompts of 4096 tokens in one step (16384 tokens, issue 7's S 4096
+// workload as a forward), planned per_request (all sparse) and split_at_topk.
+LongPromptRow time_long_prompts(int heads, const Options& options) {
+  LongPromptRow row;
+  row.heads = heads;
+  row.prompts = 4;
+  row.seq_len = 4096;
+  progress("long prompts H %d %s: %d x %d tokens", heads, std::string(to_string(row.cache)).c_str(), row.prompts,
+           row.seq_len);
+  try {
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(row.prompts), row.seq_len);
+    row.per_request_ms = ForwardRig(lens, lens, heads, row.cache).eager_ms(options);
+    row.split_ms =
+        ForwardRig(lens, lens, heads, row.cache, {.policy = RoutingPolicy::split_at_topk}).eager_ms(options);
+    progress("  per_request %.3f ms, split_at_topk %.3f ms", row.per_request_ms, row.split_ms);
+  } catch (const std::exception& e) {
+    row.error = e.what();
+    progress("  error: %s", e.what());
+  }
+  return row;
+}
+
 // Issue 8's graph row: one fp8_ds_mla decode step of 64 requests over 8192
 // positions, H 128, run eagerly and replayed from a captured graph.
 GraphRow time_decode_graph(const Options& options) {
@@ -880,8 +902,11 @@ int run_bench(const Options& options, const std::optional<SameRunAnchors>& ancho
     for (const Work& w : prefill_work_list(options)) runner.run(w, rep.rows);
   if (options.runs("decode"))
     for (const DecodeWork& d : decode_work_list(options)) runner.run(d.work, rep.rows, d.whats);
-  if (options.runs("mixed"))
+  if (options.runs("mixed")) {
     for (const MixedBatch& m : mixed_batches(options)) rep.mixed.push_back(time_mixed(m, options));
+    for (int heads : options.quick ? std::vector<int>{128} : std::vector<int>{128, 16})
+      rep.long_prompts.push_back(time_long_prompts(heads, options));
+  }
   if (options.runs("graph")) rep.graph = time_decode_graph(options);
   if (options.runs("indexer"))
     for (const IndexerWork& w : indexer_work_list(options))
@@ -892,6 +917,8 @@ int run_bench(const Options& options, const std::optional<SameRunAnchors>& ancho
   if (!options.md_path.empty()) write_file(options.md_path, markdown(rep));
   const bool all_ok = std::all_of(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return r.ok(); }) &&
                       std::all_of(rep.mixed.begin(), rep.mixed.end(), [](const MixedRow& m) { return m.ok(); }) &&
+                      std::all_of(rep.long_prompts.begin(), rep.long_prompts.end(),
+                                  [](const LongPromptRow& l) { return l.ok(); }) &&
                       (!rep.graph || rep.graph->ok()) &&
                       std::all_of(rep.indexer.begin(), rep.indexer.end(), [](const IndexerResult& r) { return r.ok(); });
   if (!all_ok) std::fprintf(stderr, "dsmla bench: some rows failed (see the table)\n");
