@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -87,9 +88,11 @@ struct DenseOutputs {
 };
 
 // Runs the kernel on `batch` (its requests merged by pack_dense_prompts when
-// `pack`), checks every row against the float reference of its own request
-// and returns what the kernel wrote.
-DenseOutputs expect_matches_reference(const DenseTestBatch& batch, int H, bool pack) {
+// `pack`; the consumers' turns as `turns` says, dense_mha_turns's choice when
+// it says nothing), checks every row against the float reference of its own
+// request and returns what the kernel wrote.
+DenseOutputs expect_matches_reference(const DenseTestBatch& batch, int H, bool pack,
+                                      std::optional<bool> turns = std::nullopt) {
   const float scale = static_cast<float>(default_softmax_scale());
   std::mt19937 rng(1234 + H);
   // q in [-2, 2] makes the softmax peaked enough that one wrongly masked key
@@ -139,6 +142,7 @@ DenseOutputs expect_matches_reference(const DenseTestBatch& batch, int H, bool p
   p.num_kv_rows = batch.kv_rows;
   p.unit_counter = d_counter.data();
   p.first_key = pack ? d_first_key.data() : nullptr;
+  p.turns = turns.value_or(dense_mha_turns(packing.requests));
   launch_dense_mha(p, nullptr);
   DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -211,6 +215,21 @@ class DenseMhaGpuTest : public ::testing::TestWithParam<int> {};
 TEST_P(DenseMhaGpuTest, MatchesCpuReference) {
   DSMLA_SKIP_WITHOUT_GPU();
   expect_matches_reference(mixed_batch(), GetParam(), false);
+}
+
+// With and without the consumers' turns (DenseMhaParams::turns): the same
+// products in the same order, so the same bits.
+TEST_P(DenseMhaGpuTest, TurnsChangeNoBit) {
+  DSMLA_SKIP_WITHOUT_GPU();
+  for (const bool pack : {false, true}) {
+    const DenseTestBatch batch = pack ? packed_batch() : mixed_batch();
+    const DenseOutputs with = expect_matches_reference(batch, GetParam(), pack, true);
+    const DenseOutputs without = expect_matches_reference(batch, GetParam(), pack, false);
+    EXPECT_TRUE(with.out == without.out) << (pack ? "packed" : "mixed") << " batch: outputs differ";
+    ASSERT_EQ(with.lse.size(), without.lse.size());
+    EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * sizeof(float)), 0)
+        << (pack ? "packed" : "mixed") << " batch: lse differs";
+  }
 }
 
 // Many short prompts merged into shared query tiles: each row still sees

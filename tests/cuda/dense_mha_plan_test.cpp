@@ -42,6 +42,28 @@ TEST(DenseMhaSchedule, CoversEveryTileOnceLongestFirst) {
   EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "a tile is scheduled twice";
 }
 
+DenseRequest prompt(std::int32_t q_len, std::int32_t ctx_len = 0) {
+  return DenseRequest{0, 0, q_len, ctx_len, ctx_len + q_len, 0};
+}
+
+TEST(DenseMhaTurns, WhileItemsAverageFewKeyTiles) {
+  // A 512-token prompt: items of 1..4 key tiles (mean 2.5): turns.
+  EXPECT_TRUE(dense_mha_turns(std::vector<DenseRequest>{prompt(512)}));
+  // 1280 tokens: 1..10 tiles, mean 5.5, still under 6; 1536: mean 6.5: none.
+  EXPECT_TRUE(dense_mha_turns(std::vector<DenseRequest>{prompt(1280)}));
+  EXPECT_FALSE(dense_mha_turns(std::vector<DenseRequest>{prompt(1536)}));
+  EXPECT_FALSE(dense_mha_turns(std::vector<DenseRequest>{prompt(2048)}));
+  // A cached prefix counts: 128 new tokens over 1024 cached is one item of 9 tiles.
+  EXPECT_FALSE(dense_mha_turns(std::vector<DenseRequest>{prompt(128, 1024)}));
+  // The mean over the launch: one long item among many short ones keeps the turns.
+  std::vector<DenseRequest> mixed(20, prompt(100));
+  mixed.push_back(prompt(128, 4096));
+  EXPECT_TRUE(dense_mha_turns(mixed));
+  // Requests without items are ignored; a launch without items keeps the default.
+  EXPECT_FALSE(dense_mha_turns(std::vector<DenseRequest>{prompt(0, 50), prompt(2048)}));
+  EXPECT_TRUE(dense_mha_turns(std::vector<DenseRequest>{}));
+}
+
 TEST(DenseMhaGrid, OneBlockPerMultiprocessorUnlessOverridden) {
   EXPECT_EQ(dense_mha_grid_blocks(16384, 132, nullptr), 132);
   EXPECT_EQ(dense_mha_grid_blocks(40, 132, nullptr), 40);  // never more blocks than units

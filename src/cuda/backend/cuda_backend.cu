@@ -285,6 +285,7 @@ class CudaBackend final : public BackendImpl {
   DeviceBuffer<LatentRowSource> dense_rows_;  // [dense_kv_rows]
   DeviceBuffer<DenseMhaRequest> dense_requests_;
   DeviceBuffer<DenseMhaWorkItem> dense_work_;
+  bool dense_turns_ = true;                      // dense_mha_turns of the plan's dense requests
   DeviceBuffer<std::int32_t> dense_first_key_;  // [T] when short prompts share query tiles, else empty
   DeviceBuffer<std::int32_t> dense_unit_counter_;  // the dense kernel's scratch (one launch per run, one stream)
   DeviceBuffer<IndexerRow> indexer_rows_;      // = plan.indexer_rows
@@ -358,6 +359,7 @@ void CudaBackend::on_plan(const Plan& plan) {
   const DenseMhaPacking packed = pack_dense_prompts(plan.dense_requests, plan.num_tokens);
   dense_requests_.upload(make_dense_mha_requests(packed.requests));
   dense_work_.upload(make_dense_mha_schedule(packed.requests));
+  dense_turns_ = dense_mha_turns(packed.requests);
   dense_first_key_.upload(packed.first_key);
   indexer_rows_.upload(indexer.rows);
   topk_fill_counts_.upload(indexer.fill_counts);
@@ -613,6 +615,7 @@ void CudaBackend::run_dense(const Plan& plan, const ForwardInputs& in, void* wor
   dp.num_q_rows = plan.num_tokens;
   dp.num_kv_rows = kv_rows;
   dp.unit_counter = dense_unit_counter_.data();
+  dp.turns = dense_turns_;
   dp.first_key = dense_first_key_.size() > 0 ? dense_first_key_.data() : nullptr;
   launch_dense_mha(dp, stream);
   check_launch("launch_dense_mha");

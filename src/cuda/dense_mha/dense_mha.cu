@@ -85,7 +85,7 @@ void launch_dense_mha(const DenseMhaParams& p, cudaStream_t stream) {
                 std::to_string(blocks) + " blocks exceed 2^31 - 1");
 
   const dense_mha_detail::DenseTensorMaps maps = encode_tensor_maps(p);
-  const auto kernel = &dense_mha_detail::dense_mha_kernel;
+  const auto kernel = p.turns ? &dense_mha_detail::dense_mha_kernel<true> : &dense_mha_detail::dense_mha_kernel<false>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), dense_mha_detail::kSmemBytes, "dense MHA kernel");
   check_cuda(cudaMemsetAsync(p.unit_counter, 0, sizeof(std::int32_t), stream), "launch_dense_mha: unit counter reset");
   kernel<<<static_cast<unsigned>(blocks), dense_mha_detail::kThreads, dense_mha_detail::kSmemBytes, stream>>>(p, maps);

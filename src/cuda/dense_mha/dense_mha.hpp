@@ -60,6 +60,9 @@ struct DenseMhaParams {
   // Packed prompts (pack_dense_prompts): query row t sees keys [first_key[t], ctx_len + i]
   // of its request instead of [0, ctx_len + i]. Null: 0 for every row.
   const std::int32_t* first_key = nullptr;  // [T]
+  // The consumers take turns issuing their products (a ping-pong of named
+  // barriers): the choice of dense_mha_turns for the launch's requests.
+  bool turns = true;
 };
 
 // One DenseMhaRequest per DenseRequest, same order. Throws Error naming the
@@ -69,6 +72,15 @@ std::vector<DenseMhaRequest> make_dense_mha_requests(std::span<const DenseReques
 // tiles first (a longest-processing-time order keeps the tail of the grid short).
 // Requests with q_len 0 get no item. `request` indexes the given span.
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests);
+
+// Whether the consumers of a launch over `requests` take turns. The turns keep
+// the two warpgroups' products apart, which pays where units are short (S 512:
+// 1.3-2.3 % faster with them) and costs where they are long (S >= 2048:
+// 1-1.5 % slower; cached prefixes more; dense_mha/NOTES.md, session 50). So:
+// turns while the launch's work items average fewer than
+// kDenseMhaTurnsMaxMeanKeyTiles key tiles (requests without items ignored).
+inline constexpr int kDenseMhaTurnsMaxMeanKeyTiles = 6;
+bool dense_mha_turns(std::span<const DenseRequest> requests);
 
 // Blocks of the kernel's persistent grid for `units` (work items x heads): one
 // per multiprocessor, never more than units. `grid_override` (the launcher

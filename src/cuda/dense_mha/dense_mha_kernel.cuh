@@ -103,6 +103,7 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
 // make ptxas serialise every wgmma of the loop (C7520), and such tiles are rare
 // (at most one per unit, and none when ctx_len and the tile are multiples of
 // 128). `g` is the block's tile count before the unit, `n` its unit count.
+template <bool kTurns>
 __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const BlockWork& w, const FragmentCoords& c,
                                              const Barriers& bars, std::uint8_t* smem, int g, int n) {
   const mma::DescAddr s_base = mma::desc_addr(pl::smem_addr(smem));  // for wgmma descriptors only
@@ -139,7 +140,7 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
     const bool live = tile < w.wg_key_tiles;  // false for every tile when the warpgroup has no rows
     pl::wait(bars.full_k(stage_of(g + it)), phase_of(g + it));
     if constexpr (kPv) pl::wait(bars.full_v(stage_of(g + it - 1)), phase_of(g + it - 1));
-    pl::named_sync(kConsumerThreads, kTurn + me);
+    if constexpr (kTurns) pl::named_sync(kConsumerThreads, kTurn + me);
     fence_o();
     mma::fence();
     issue_s(s_base, me, stage_of(g + it), s);
@@ -148,7 +149,7 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
       issue_pv(s_base, stage_of(g + it - 1), p_frag, o);
       mma::commit();  // group 2: O += P_{it-1} V_{it-1}
     }
-    pl::named_arrive(kConsumerThreads, kTurn + other);
+    if constexpr (kTurns) pl::named_arrive(kConsumerThreads, kTurn + other);
     // The mask and the softmax of S_it run while the warpgroup's own P V
     // (and the other consumer's products) are in flight; O is rescaled once
     // that P V is done, before the next step issues the next one.
@@ -204,10 +205,11 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
 // the first turn (consumer 1 opens it) and every turn opens the other's, so
 // consumer 1's last turn opens one that consumer 0 closes at the end: every
 // arrival on a turn barrier meets a sync.
+template <bool kTurns>
 __device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
                                         std::uint8_t* smem) {
   const auto* slots = reinterpret_cast<const UnitInfo*>(smem + kSmemUnits);
-  if (c.warpgroup == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
+  if (kTurns && c.warpgroup == 1) pl::named_arrive(kConsumerThreads, kTurn + 0);
   int g = 0;
   for (int n = 0;; ++n) {
     pl::wait(bars.unit_full(slot_of(n)), slot_phase_of(n));
@@ -216,12 +218,14 @@ __device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentC
     if (info.head < 0) break;
     if (threadIdx.x == 0) trace::stamp(trace_slot::unit(n, trace_slot::kReceived));
     const BlockWork w(info, c.warpgroup);
-    consume_unit(p, w, c, bars, smem, g, n);
+    consume_unit<kTurns>(p, w, c, bars, smem, g, n);
     g += w.key_tiles;
   }
-  if (c.warpgroup == 0) pl::named_sync(kConsumerThreads, kTurn + 0);
+  if (kTurns && c.warpgroup == 0) pl::named_sync(kConsumerThreads, kTurn + 0);
 }
 
+// kTurns: the consumers take turns issuing their products (DenseMhaParams::turns).
+template <bool kTurns>
 __global__ void __launch_bounds__(kThreads, 1)
     dense_mha_kernel(const __grid_constant__ DenseMhaParams p, const __grid_constant__ DenseTensorMaps maps) {
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
@@ -252,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();  // the producer's warp reaches the final barrier together
   } else {
     pl::grow_registers<kConsumerRegs>();
-    consume(p, c, bars, smem);
+    consume<kTurns>(p, c, bars, smem);
   }
   // No warp exits while the consumers' named barriers are in use.
   __syncthreads();

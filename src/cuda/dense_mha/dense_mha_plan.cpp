@@ -40,6 +40,16 @@ std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, cons
   return std::max<std::int64_t>(0, std::min(blocks, units));
 }
 
+namespace {
+
+// Key tiles the rows [m0, m0 + kDenseMhaQueryTile) of `req` see (the last row's).
+std::int64_t item_key_tiles(const DenseRequest& req, std::int32_t m0) {
+  const std::int64_t last_key = static_cast<std::int64_t>(req.ctx_len) + std::min(m0 + kDenseMhaQueryTile, req.q_len) - 1;
+  return last_key / kDenseMhaKeyTile + 1;
+}
+
+}  // namespace
+
 std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseRequest> requests) {
   struct Keyed {
     std::int64_t key_tiles;
@@ -48,10 +58,8 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
   std::vector<Keyed> items;
   for (std::size_t r = 0; r < requests.size(); ++r) {
     const DenseRequest& req = requests[r];
-    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile) {
-      const std::int64_t last_key = static_cast<std::int64_t>(req.ctx_len) + std::min(m0 + kDenseMhaQueryTile, req.q_len) - 1;
-      items.push_back({last_key / kDenseMhaKeyTile + 1, DenseMhaWorkItem{static_cast<std::int32_t>(r), m0}});
-    }
+    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile)
+      items.push_back({item_key_tiles(req, m0), DenseMhaWorkItem{static_cast<std::int32_t>(r), m0}});
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const Keyed& a, const Keyed& b) { return a.key_tiles > b.key_tiles; });
@@ -59,6 +67,16 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
   out.reserve(items.size());
   for (const Keyed& k : items) out.push_back(k.item);
   return out;
+}
+
+bool dense_mha_turns(std::span<const DenseRequest> requests) {
+  std::int64_t items = 0, key_tiles = 0;
+  for (const DenseRequest& req : requests)
+    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile) {
+      ++items;
+      key_tiles += item_key_tiles(req, m0);
+    }
+  return items == 0 || key_tiles < std::int64_t{kDenseMhaTurnsMaxMeanKeyTiles} * items;
 }
 
 DenseMhaPacking pack_dense_prompts(std::span<const DenseRequest> requests, int num_rows) {

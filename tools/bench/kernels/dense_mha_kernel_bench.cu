@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
     p.num_q_rows = T;
     p.num_kv_rows = kv_rows;
     p.unit_counter = unit_counter;
+    p.turns = dsmla::cuda::dense_mha_turns(c.requests);
     dsmla::cuda::launch_dense_mha(p, nullptr);
     DSMLA_CUDA_CHECK(cudaDeviceSynchronize());
 

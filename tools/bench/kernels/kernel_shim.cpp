@@ -129,7 +129,8 @@ DSMLA_SHIM_API const char* dsmla_shim_dense_mha_create(const std::int32_t* q_len
                      .lse = lse,
                      .num_q_rows = q_rows,
                      .num_kv_rows = kv_rows,
-                     .unit_counter = batch->unit_counter.data()};
+                     .unit_counter = batch->unit_counter.data(),
+                     .turns = dsmla::cuda::dense_mha_turns(requests)};
     *handle = batch.release();
   });
 }
