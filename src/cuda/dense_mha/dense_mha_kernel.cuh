@@ -95,7 +95,7 @@ __device__ __forceinline__ void produce(const DenseMhaParams& p, const DenseTens
 }
 
 // One unit of consumer warpgroup c.warpgroup: its 64 rows over every key tile
-// of the unit. Step it issues S_it and O += P_{it-1} V_{it-1} in its turn,
+// of the unit. Step it issues S_it and O += P_{it-1} V_{it-1} (in its turn, kTurns),
 // then does the softmax of S_it while its own P V and the other consumer's
 // products run (FlashAttention-3's intra-warpgroup overlap; NOTES v11). A
 // tile past all of the warpgroup's rows (or any tile, for a warpgroup with no
@@ -201,10 +201,10 @@ __device__ __forceinline__ void consume_unit(const DenseMhaParams& p, const Bloc
   }
 }
 
-// The consumers: units until the producer publishes the end. Consumer 0 takes
-// the first turn (consumer 1 opens it) and every turn opens the other's, so
-// consumer 1's last turn opens one that consumer 0 closes at the end: every
-// arrival on a turn barrier meets a sync.
+// The consumers: units until the producer publishes the end. With turns,
+// consumer 0 takes the first turn (consumer 1 opens it) and every turn opens
+// the other's, so consumer 1's last turn opens one that consumer 0 closes at
+// the end: every arrival on a turn barrier meets a sync.
 template <bool kTurns>
 __device__ __forceinline__ void consume(const DenseMhaParams& p, const FragmentCoords& c, const Barriers& bars,
                                         std::uint8_t* smem) {
