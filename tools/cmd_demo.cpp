@@ -132,9 +132,6 @@ int demo_main(int argc, char** argv) {
   const PolicyRun& sparse = runs[0];
   const PolicyRun& routed = runs[1];
   const PolicyRun& split = runs[2];
-  const auto path_name = [](const RequestRoute& route) {
-    return route.is_split() ? std::string("dense+sparse") : std::string(to_string(route.path));
-  };
 
   std::printf("\nbatch (%d tokens), routing with the cost model (GFLOP, all heads):\n", c.num_tokens);
   std::printf("  %-3s %-30s %7s %5s %7s  %-11s %12s %12s   %-12s %s\n", "req", "kind", "context", "new", "seq_len",
@@ -144,7 +141,7 @@ int demo_main(int argc, char** argv) {
     std::printf("  %-3zu %-30s %7d %5d %7d  %-11s %12.2f %12.2f   %-12s %s\n", r, demo_requests()[r].kind,
                 route.ctx_len, route.q_len, route.seq_len, route.dense_exact ? "yes" : "no",
                 route.dense_flops * spec.num_heads * 1e-9, route.sparse_flops * spec.num_heads * 1e-9,
-                path_name(route).c_str(), path_name(split.routes[r]).c_str());
+                std::string(route.path_name()).c_str(), std::string(split.routes[r].path_name()).c_str());
   }
   std::printf("  (dense exact: seq_len <= topk; a prefill goes dense when exact and cheaper; decodes always sparse;\n"
               "   split_at_topk also runs a prefill's tokens below topk dense, exact for them at any length)\n");

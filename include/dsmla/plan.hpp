@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsmla/types.hpp"
@@ -71,7 +72,7 @@ struct DenseRequest {
   std::int32_t q_len = 0;       // new tokens on the dense path
   std::int32_t ctx_len = 0;     // cached prefix = seq_len - q_len
   std::int32_t seq_len = 0;     // ctx_len + q_len: the request's, or topk for a split one
-  std::int64_t kv_row_start = 0;  // first row in the dense K/V workspace (sum of earlier seq_lens)
+  std::int64_t kv_row_start = 0;  // first row in the dense K/V workspace (sum of the earlier DenseRequests' seq_len)
 };
 
 // Per-request routing decision with the numbers behind it (printed by `dsmla plan`).
@@ -83,15 +84,18 @@ struct RequestRoute {
   double sparse_flops = 0;      // per head
   // A prefill that crosses topk (ctx_len < topk < seq_len), cut there: its new
   // tokens at positions below topk dense, the others sparse. Per head, the two
-  // parts' cost-model FLOPs (before the factor); both 0 where no cut exists.
+  // parts' cost-model FLOPs (before the factor), whatever the policy; both 0
+  // for a decode or a request that does not cross topk.
   double split_dense_flops = 0, split_sparse_flops = 0;
-  TokenPath path = TokenPath::sparse;  // decode / sparse / dense
+  TokenPath path = TokenPath::sparse;  // decode / sparse / dense; sparse for a split request (see dense_q_len)
   // New tokens on the dense path: q_len when path is dense; under split_at_topk
   // the topk - ctx_len leading ones of a prefill cut at topk (path stays sparse
   // for the rest); else 0.
   std::int32_t dense_q_len = 0;
 
   bool is_split() const { return path == TokenPath::sparse && dense_q_len > 0; }
+  // The path as `dsmla plan` prints it: "dense+sparse" for a split request.
+  std::string_view path_name() const { return is_split() ? "dense+sparse" : to_string(path); }
   // Per head, the cost-model FLOPs of the path(s) taken (before the factor).
   double flops() const {
     if (is_split()) return split_dense_flops + split_sparse_flops;

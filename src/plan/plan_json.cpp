@@ -23,15 +23,18 @@ Json counts_json(const Plan& plan) {
     sparse_prefill_tokens += path == TokenPath::sparse;
     dense_tokens += path == TokenPath::dense;
   }
-  std::int64_t sparse_prefill_requests = 0, split_requests = 0, empty_requests = 0;
+  // Every request in one of the five counts: decode, sparse prefill, dense,
+  // split (dense and sparse: its dense part is also one of plan.dense_requests), empty.
+  std::int64_t sparse_prefill_requests = 0, dense_requests = 0, split_requests = 0, empty_requests = 0;
   for (const RequestRoute& route : plan.routes) {
     if (route.q_len == 0) ++empty_requests;
+    else if (route.is_split()) ++split_requests;
     else if (route.path == TokenPath::sparse) ++sparse_prefill_requests;
-    split_requests += route.is_split();
+    else if (route.path == TokenPath::dense) ++dense_requests;
   }
   return Json{{"decode_requests", plan.decode_requests.size()},
               {"sparse_prefill_requests", sparse_prefill_requests},
-              {"dense_requests", plan.dense_requests.size()},
+              {"dense_requests", dense_requests},
               {"split_requests", split_requests},
               {"empty_requests", empty_requests},
               {"decode_tokens", decode_tokens},
@@ -50,7 +53,7 @@ std::string Plan::to_json() const {
                                {"q_len", route.q_len},
                                {"ctx_len", route.ctx_len},
                                {"seq_len", route.seq_len},
-                               {"path", route.is_split() ? "dense+sparse" : to_string(route.path)},
+                               {"path", route.path_name()},
                                {"dense_q_len", route.dense_q_len},
                                {"is_decode", route.is_decode},
                                {"dense_exact", route.dense_exact},

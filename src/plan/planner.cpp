@@ -206,7 +206,7 @@ RequestRoute describe_request(std::int32_t q_len, std::int32_t seq_len, const Pl
   route.dense_exact = seq_len <= o.topk;
   route.dense_flops = dense_path_flops(route.ctx_len, q_len);
   route.sparse_flops = sparse_path_flops(route.ctx_len, q_len, o.topk);
-  if (route.ctx_len < o.topk && seq_len > o.topk) {
+  if (!route.is_decode && route.ctx_len < o.topk && seq_len > o.topk) {
     route.split_dense_flops = dense_path_flops(route.ctx_len, o.topk - route.ctx_len);
     route.split_sparse_flops = sparse_path_flops(o.topk, seq_len - o.topk, o.topk);
   }

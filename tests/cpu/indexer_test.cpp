@@ -3,6 +3,7 @@
 // of dsmla/testing/topk_check.hpp, the check itself, and bad indexer inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -108,6 +109,48 @@ TEST(IndexerCache, NewKeysAreStoredAsScaledE4m3Codes) {
   // Codes of block b start at b * B * (D + 4); the B scales follow the B x D codes.
   EXPECT_EQ(index_code_offset(3 * 16 + 5, 16, 128), std::size_t{3 * 16 * 132 + 5 * 128});
   EXPECT_EQ(index_scale_offset(3 * 16 + 5, 16, 128), std::size_t{3 * 16 * 132 + 16 * 128 + 5 * 4});
+}
+
+// split_at_topk with the indexer: a 200-token prompt cut at topk selects
+// nothing for its dense rows (positions below topk), the indexer chooses for
+// the rest, and float32 selects the float64 sets with outputs to match.
+TEST(IndexerPlan, SplitAtTopkSelectsOnlyForTheSparsePart) {
+  SyntheticSpec s;
+  s.seq_lens = {40, 200, 200};
+  s.query_lens = {1, 1, 200};
+  s.num_heads = 16;
+  s.topk = kTopk;
+  s.block_size = 16;
+  s.with_indexer = true;
+  s.index_num_heads = 32;
+  s.policy = RoutingPolicy::split_at_topk;
+  s.seed = 11;
+  const Case c = make_synthetic_case(s);
+  const Plan plan = make_plan(c.batch(), c.plan_options());
+  ASSERT_TRUE(plan.routes[2].is_split());
+  ASSERT_EQ(plan.routes[2].dense_q_len, kTopk);
+  int rows_of_prompt = 0;
+  for (const IndexerRow& r : plan.indexer_rows) {
+    EXPECT_GE(r.pos, kTopk);
+    rows_of_prompt += r.request == 2;
+  }
+  EXPECT_EQ(rows_of_prompt, 200 - kTopk);
+  for (const std::int32_t t : plan.full_set_tokens) EXPECT_NE(plan.token_request[t], 2) << "token " << t;
+
+  const IndexerRun ref = run(c, CpuPrecision::float64), got = run(c, CpuPrecision::float32);
+  const TopkCheckReport ref_report = check_topk_selection(plan, view_of(c, ref.index_cache), ref.topk);
+  const TopkCheckReport got_report = check_topk_selection(plan, view_of(c, ref.index_cache), got.topk);
+  EXPECT_TRUE(ref_report.ok()) << ref_report.summary();
+  EXPECT_TRUE(got_report.ok()) << got_report.summary();
+  // The prompt's dense rows select nothing: their rows of indices are -1.
+  for (int i = 0; i < kTopk; ++i) {
+    const std::size_t row = static_cast<std::size_t>(c.query_start_loc[2] + i) * kTopk;
+    EXPECT_TRUE(std::all_of(got.topk.begin() + row, got.topk.begin() + row + kTopk, [](std::int32_t x) { return x == -1; }))
+        << "dense row " << i;
+  }
+  const CompareReport out = compare_outputs(ref.out, ref.lse, got.out, got.lse,
+                                            bf16_pipeline_tolerance(c.cache_format), c.num_heads);
+  EXPECT_TRUE(out.ok()) << out.summary();
 }
 
 class IndexerPrecision : public ::testing::TestWithParam<std::tuple<int, int>> {};

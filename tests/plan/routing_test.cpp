@@ -1,5 +1,6 @@
 // Routing rules, policies and the cost model of DESIGN §3.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -246,6 +247,14 @@ TEST(Routing, SplitAtTopkCutsAPromptCrossingTopk) {
   ASSERT_EQ(plan.sparse_tokens.size(), sparse_rows);
   EXPECT_EQ(plan.sparse_tokens.front(), 64 + 2048);
   EXPECT_EQ(plan.token_position[plan.sparse_tokens.front()], 2048);
+
+  // `dsmla plan`'s counts put every request in one class.
+  const auto counts = nlohmann::json::parse(plan.to_json())["counts"];
+  EXPECT_EQ(counts["decode_requests"], 1);
+  EXPECT_EQ(counts["sparse_prefill_requests"], 1);
+  EXPECT_EQ(counts["dense_requests"], 1);
+  EXPECT_EQ(counts["split_requests"], 2);
+  EXPECT_EQ(counts["dense_tokens"], 64 + 2048 + 1048);
 
   // per_request keeps both long prompts whole on the sparse path.
   const Plan per_request = make_plan(b.desc(), options(2048, RoutingPolicy::per_request));

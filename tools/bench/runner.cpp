@@ -453,7 +453,10 @@ class ForwardRig {
       : host_(make_host(seq_lens, query_lens)), attention_(make_attention(heads, cache, options)) {
     const BatchDesc desc = host_.desc();
     const Plan& plan = attention_->plan(desc);
-    for (const RequestRoute& r : plan.routes) routed_dense_.push_back(r.path == TokenPath::dense);
+    for (const RequestRoute& r : plan.routes) {
+      routed_dense_.push_back(r.path == TokenPath::dense);
+      split_requests_ += r.is_split();
+    }
     void* s = stream_.handle();
     const std::size_t t = static_cast<std::size_t>(desc.num_tokens), h = static_cast<std::size_t>(heads);
     const std::int64_t num_slots = host_.num_cache_blocks * kBlockSize;
@@ -506,6 +509,7 @@ class ForwardRig {
   const Plan& plan() const { return attention_->current_plan(); }
   // Per request: whether the planner routed it dense.
   const std::vector<bool>& routed_dense() const { return routed_dense_; }
+  int split_requests() const { return split_requests_; }
   int index_copies() const { return static_cast<int>(index_.size()); }
 
   // Median of options.repeats timings of run(), enqueued one after another.
@@ -644,6 +648,7 @@ class ForwardRig {
   BatchStorage host_;
   std::unique_ptr<Attention> attention_;
   std::vector<bool> routed_dense_;
+  int split_requests_ = 0;  // requests the plan cut at topk (split_at_topk)
   cuda::Stream stream_;
   InputCopy in_;  // the route's inputs only (no kernel-alone buffers)
   DeviceMetadata meta_;
@@ -651,6 +656,15 @@ class ForwardRig {
   std::vector<IndexCopy> index_;  // indexer rigs only
   dev::IndexerSchedule index_schedule_;
 };
+
+// The forward of a batch planned split_at_topk; an error if the planner cut
+// no request (the row would time per_request's plan under another name).
+double split_forward_ms(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens,
+                        int heads, CacheFormat cache, const Options& options) {
+  ForwardRig rig(seq_lens, query_lens, heads, cache, {.policy = RoutingPolicy::split_at_topk});
+  if (rig.split_requests() == 0) throw Error("split_at_topk cut no request of the batch at topk");
+  return rig.eager_ms(options);
+}
 
 // A mixed batch: the forward with and without the second stream, then its
 // dense-routed and sparse-routed requests alone.
@@ -668,8 +682,7 @@ MixedRow time_mixed(const MixedBatch& m, const Options& options) {
       routed_dense = rig.routed_dense();
     }
     row.overlap_ms = ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, {.overlap = true}).eager_ms(options);
-    row.split_ms =
-        ForwardRig(m.seq_lens, m.query_lens, m.heads, m.cache, {.policy = RoutingPolicy::split_at_topk}).eager_ms(options);
+    row.split_ms = split_forward_ms(m.seq_lens, m.query_lens, m.heads, m.cache, options);
     // The requests split as the planner routed them.
     std::vector<std::int32_t> dense_seq, dense_q, sparse_seq, sparse_q;
     for (std::size_t r = 0; r < m.seq_lens.size(); ++r) {
@@ -702,8 +715,7 @@ LongPromptRow time_long_prompts(int heads, const Options& options) {
   try {
     const std::vector<std::int32_t> lens(static_cast<std::size_t>(row.prompts), row.seq_len);
     row.per_request_ms = ForwardRig(lens, lens, heads, row.cache).eager_ms(options);
-    row.split_ms =
-        ForwardRig(lens, lens, heads, row.cache, {.policy = RoutingPolicy::split_at_topk}).eager_ms(options);
+    row.split_ms = split_forward_ms(lens, lens, heads, row.cache, options);
     progress("  per_request %.3f ms, split_at_topk %.3f ms", row.per_request_ms, row.split_ms);
   } catch (const std::exception& e) {
     row.error = e.what();

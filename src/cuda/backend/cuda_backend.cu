@@ -26,7 +26,7 @@
 //                                                             over the cache, then the staged ones over
 //                                                             their bf16 rows
 //        output up-projection, one strided-batched GEMM      (out, or compact then scatter)
-//   4. dense path (short prefills):
+//   4. dense path (short prefills; split_at_topk: a long prefill's rows below topk):
 //        gather + dequantise the latent rows                 (ws_dense_latent)
 //        kv_up = latent[:, :512] @ w_kv_b^T, one GEMM        (ws_dense_kv)
 //        launch_dense_mha                                    (short prompts packed into shared query

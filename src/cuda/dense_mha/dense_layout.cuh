@@ -26,7 +26,9 @@
 // Ping-pong (dense_mha_kernel.cuh): each consumer issues the products of one step,
 // S_j = Q K_j^T and O += P_{j-1} V_{j-1}, as one batch in its turn, then does
 // the softmax of S_j while the other consumer's batch runs, so the tensor
-// cores are not idle during the softmax. The turns are two named barriers.
+// cores are not idle during the softmax. The turns are two named barriers,
+// taken only by launches whose work items are short (kTurns, dense_mha_turns);
+// over long ones the two consumers issue when ready.
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of a
 // 128-byte row r sits at c ^ (r & 7), the layout wgmma's descriptors expect)

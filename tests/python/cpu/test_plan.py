@@ -56,6 +56,18 @@ def test_plan_dict_matches_cli(cli, seq_lens, query_lens, opt):
     assert plan.workspace_bytes == plan.to_dict()["workspace"]["bytes"]
 
 
+def test_split_at_topk_cuts_the_prompts_that_cross_topk(cli):
+    """Two prompts crossing topk 256 are cut there; the short one goes dense whole."""
+    seq_lens, query_lens = [600, 500, 64], [600, 490, 64]
+    att = dsmla.Attention(16, topk=256, backend="cpu", policy="split_at_topk")
+    qsl, sl, table, slots, blocks = trivial_batch(seq_lens, query_lens, 64)
+    d = att.plan(qsl, sl, table, slots, blocks, 64).to_dict()
+    assert [r["path"] for r in d["routes"]] == ["dense+sparse", "dense+sparse", "dense"]
+    assert [r["dense_q_len"] for r in d["routes"]] == [256, 246, 64]
+    assert d["counts"]["split_requests"] == 2 and d["counts"]["dense_requests"] == 1
+    assert d["counts"]["dense_tokens"] == 256 + 246 + 64
+
+
 def test_plan_is_reused_for_an_identical_batch():
     att = dsmla.Attention(16, topk=64, backend="cpu")
     batch = trivial_batch([70, 10], [1, 10], 64)
