@@ -453,10 +453,7 @@ class ForwardRig {
       : host_(make_host(seq_lens, query_lens)), attention_(make_attention(heads, cache, options)) {
     const BatchDesc desc = host_.desc();
     const Plan& plan = attention_->plan(desc);
-    for (const RequestRoute& r : plan.routes) {
-      routed_dense_.push_back(r.path == TokenPath::dense);
-      split_requests_ += r.is_split();
-    }
+    for (const RequestRoute& r : plan.routes) routed_dense_.push_back(r.path == TokenPath::dense);
     void* s = stream_.handle();
     const std::size_t t = static_cast<std::size_t>(desc.num_tokens), h = static_cast<std::size_t>(heads);
     const std::int64_t num_slots = host_.num_cache_blocks * kBlockSize;
@@ -509,7 +506,6 @@ class ForwardRig {
   const Plan& plan() const { return attention_->current_plan(); }
   // Per request: whether the planner routed it dense.
   const std::vector<bool>& routed_dense() const { return routed_dense_; }
-  int split_requests() const { return split_requests_; }
   int index_copies() const { return static_cast<int>(index_.size()); }
 
   // Median of options.repeats timings of run(), enqueued one after another.
@@ -648,7 +644,6 @@ class ForwardRig {
   BatchStorage host_;
   std::unique_ptr<Attention> attention_;
   std::vector<bool> routed_dense_;
-  int split_requests_ = 0;  // requests the plan cut at topk (split_at_topk)
   cuda::Stream stream_;
   InputCopy in_;  // the route's inputs only (no kernel-alone buffers)
   DeviceMetadata meta_;
@@ -662,7 +657,9 @@ class ForwardRig {
 double split_forward_ms(const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& query_lens,
                         int heads, CacheFormat cache, const Options& options) {
   ForwardRig rig(seq_lens, query_lens, heads, cache, {.policy = RoutingPolicy::split_at_topk});
-  if (rig.split_requests() == 0) throw Error("split_at_topk cut no request of the batch at topk");
+  const std::vector<RequestRoute>& routes = rig.plan().routes;
+  if (std::none_of(routes.begin(), routes.end(), [](const RequestRoute& r) { return r.is_split(); }))
+    throw Error("split_at_topk cut no request of the batch at topk");
   return rig.eager_ms(options);
 }
 

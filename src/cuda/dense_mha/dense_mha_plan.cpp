@@ -42,10 +42,18 @@ std::int64_t dense_mha_grid_blocks(std::int64_t units, int multiprocessors, cons
 
 namespace {
 
-// Key tiles the rows [m0, m0 + kDenseMhaQueryTile) of `req` see (the last row's).
-std::int64_t item_key_tiles(const DenseRequest& req, std::int32_t m0) {
-  const std::int64_t last_key = static_cast<std::int64_t>(req.ctx_len) + std::min(m0 + kDenseMhaQueryTile, req.q_len) - 1;
-  return last_key / kDenseMhaKeyTile + 1;
+// Calls f(request index, m0, key tiles) for every work item of `requests`: a
+// tile of kDenseMhaQueryTile query rows from m0, and the key tiles its last row sees.
+template <class F>
+void for_each_work_item(std::span<const DenseRequest> requests, F&& f) {
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    const DenseRequest& req = requests[r];
+    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile) {
+      const std::int64_t last_key =
+          static_cast<std::int64_t>(req.ctx_len) + std::min(m0 + kDenseMhaQueryTile, req.q_len) - 1;
+      f(static_cast<std::int32_t>(r), m0, last_key / kDenseMhaKeyTile + 1);
+    }
+  }
 }
 
 }  // namespace
@@ -56,11 +64,9 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
     DenseMhaWorkItem item;
   };
   std::vector<Keyed> items;
-  for (std::size_t r = 0; r < requests.size(); ++r) {
-    const DenseRequest& req = requests[r];
-    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile)
-      items.push_back({item_key_tiles(req, m0), DenseMhaWorkItem{static_cast<std::int32_t>(r), m0}});
-  }
+  for_each_work_item(requests, [&](std::int32_t r, std::int32_t m0, std::int64_t key_tiles) {
+    items.push_back({key_tiles, DenseMhaWorkItem{r, m0}});
+  });
   std::stable_sort(items.begin(), items.end(),
                    [](const Keyed& a, const Keyed& b) { return a.key_tiles > b.key_tiles; });
   std::vector<DenseMhaWorkItem> out;
@@ -71,11 +77,10 @@ std::vector<DenseMhaWorkItem> make_dense_mha_schedule(std::span<const DenseReque
 
 bool dense_mha_turns(std::span<const DenseRequest> requests) {
   std::int64_t items = 0, key_tiles = 0;
-  for (const DenseRequest& req : requests)
-    for (std::int32_t m0 = 0; m0 < req.q_len; m0 += kDenseMhaQueryTile) {
-      ++items;
-      key_tiles += item_key_tiles(req, m0);
-    }
+  for_each_work_item(requests, [&](std::int32_t, std::int32_t, std::int64_t tiles) {
+    ++items;
+    key_tiles += tiles;
+  });
   return items == 0 || key_tiles < std::int64_t{kDenseMhaTurnsMaxMeanKeyTiles} * items;
 }
 
